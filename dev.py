@@ -1,0 +1,66 @@
+"""The two quick-start commands, with their own set-up: `python3 dev.py demo` and `python3 dev.py test`.
+
+Needs only python3 (3.11 or newer) with pip and venv. The first run creates `.venv/` beside this file and
+installs the project with its extras into it; later runs reuse it, and reinstall only when `pyproject.toml`
+changes. Nothing outside `.venv/` is touched.
+
+    python3 dev.py demo [ARGS...]    train the default model, then sample from it (ARGS go to the program)
+    python3 dev.py test [ARGS...]    run the whole test suite (ARGS go to pytest)
+    python3 dev.py bench [NAME]      run a benchmark from bench/ (installs the bench extra)
+"""
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+PYTHON = VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+DEMO = ["-m", "train.mlp"]
+
+
+def _stamp(extras: str) -> str:
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:16]
+    return f"{digest}:{extras}"
+
+
+def ensure_venv(extras: str) -> None:
+    """Create `.venv` and install the project with `extras`, unless the stamp says it is already done."""
+    stamp_file = VENV / "purejax-install.stamp"
+    if stamp_file.exists() and _stamp(extras) in stamp_file.read_text().split():
+        return
+    if not PYTHON.exists():
+        print(f"[dev] creating {VENV}", flush=True)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+        subprocess.run([str(PYTHON), "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True)
+    print(f"[dev] installing purejax[{extras}] into {VENV} (first run only; a few minutes)", flush=True)
+    subprocess.run([str(PYTHON), "-m", "pip", "install", "-q", "-e", f".[{extras}]"], cwd=ROOT, check=True)
+    old = stamp_file.read_text().split() if stamp_file.exists() else []
+    stamp_file.write_text("\n".join([*old, _stamp(extras)]) + "\n")
+
+
+def run(args: list[str]) -> int:
+    return subprocess.run([str(PYTHON), *args], cwd=ROOT).returncode
+
+
+def main(argv: list[str]) -> int:
+    command, rest = (argv[0], argv[1:]) if argv else ("", [])
+    if command == "demo":
+        ensure_venv("test,examples")
+        return run([*DEMO, *rest])
+    if command == "test":
+        ensure_venv("test,examples")
+        return run(["-m", "pytest", *rest])
+    if command == "bench":
+        ensure_venv("test,examples,bench")
+        name = rest[0] if rest else "nn"
+        return run(["-m", f"bench.{name}", *rest[1:]])
+    print(__doc__.strip(), file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

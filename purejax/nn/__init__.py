@@ -1,0 +1,15 @@
+"""Layers as init/apply pairs over plain dicts. Each module is one layer: `linear.init(key, 3, 4)` builds its
+params, `linear.apply(params, x)` runs it. Stateless functions (activations, dropout) have no init."""
+
+from purejax.nn import (
+    activations,
+    attention,
+    dropout,
+    embedding,
+    initializers,
+    layer_norm,
+    linear,
+    mlp,
+    rms_norm,
+    stack,
+)

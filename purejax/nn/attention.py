@@ -1,0 +1,284 @@
+"""Multi-head self-attention (Vaswani et al. 2017) with optional grouped key/value heads and a key/value cache.
+
+params: {"qkv": linear (d_model, (n_head + 2 * n_kv_head) * head_dim), "proj": linear (d_model, d_model)}.
+The query, key and value projections are one fused matmul, as nanoGPT's `c_attn`: its output is split into
+queries (n_head heads), keys and values (n_kv_head heads each), every head's head_dim features contiguous,
+which is also the layout of Hugging Face's GPT-2 weights. n_kv_head < n_head is grouped-query attention
+(Ainslie et al. 2023): query head h reads key/value head h // (n_head // n_kv_head); n_kv_head == 1 is
+multi-query attention (Shazeer 2019).
+
+Two formulations compute the same thing. "fused" calls `jax.nn.dot_product_attention` (XLA today, cuDNN's
+flash attention where a backend offers it); "einsum" writes the maths out in `dot_product_attention` below,
+and is the one that can drop attention probabilities. `impl="auto"` takes "einsum" only when dropout is on
+(a key is given and `dropout > 0`). Both compute logits and softmax in float32 whatever the input dtype.
+
+Incremental decoding. `init_cache` preallocates keys and values for `max_len` positions plus the write index;
+`apply(..., cache=cache)` writes the new tokens' keys and values at [index, index + seq), attends over the
+whole fixed-size cache with a mask that hides positions not yet written (and future tokens, when causal),
+and returns `(y, new_cache)`. Every shape is static, so decoding token by token under `lax.scan` compiles
+once, however many tokens are produced.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, PRNGKeyArray
+
+from purejax import random as prandom
+from purejax.nn import dropout as dropout_lib
+from purejax.nn import initializers, linear
+from purejax.nn._check import check_keys
+
+Params = dict[str, Any]
+Cache = dict[str, Array]
+Impl = Literal["auto", "fused", "einsum"]
+
+# What masked logits are set to: jax.nn.dot_product_attention's value, so both formulations agree exactly.
+# Finite rather than -inf, so a query that may attend to nothing gets a uniform average, never NaN.
+_MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Static description of an attention layer; frozen and hashable, so it can be a static jit argument.
+
+    Arguments:
+        d_model: width of the input and the output.
+        n_head: number of query heads; must divide d_model (head_dim = d_model // n_head).
+        n_kv_head: number of key/value heads; None means n_head (multi-head attention). Fewer is
+            grouped-query attention and must divide n_head; 1 is multi-query attention.
+        bias: whether the qkv and output projections have biases (nanoGPT's `bias`).
+        causal: whether a token may attend only to itself and earlier tokens (a decoder).
+        dropout: rate for the attention probabilities and for the output projection, applied only when
+            `apply` gets a key (nanoGPT's attn_dropout and resid_dropout, one rate for both).
+        impl: "auto", "fused" (`jax.nn.dot_product_attention`) or "einsum"; see the module docstring.
+    """
+
+    d_model: int
+    n_head: int
+    n_kv_head: int | None = None
+    bias: bool = True
+    causal: bool = True
+    dropout: float = 0.0
+    impl: Impl = "auto"
+
+    def __post_init__(self):
+        if self.n_kv_head is None:
+            object.__setattr__(self, "n_kv_head", self.n_head)
+        for name in ("d_model", "n_head", "n_kv_head"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"AttentionConfig: {name} must be a positive int, got {value!r}")
+        if self.d_model % self.n_head:
+            raise ValueError(
+                f"AttentionConfig: d_model={self.d_model} is not divisible by n_head={self.n_head}; "
+                f"pick n_head among the divisors of d_model"
+            )
+        if self.n_head % self.n_kv_head:
+            raise ValueError(
+                f"AttentionConfig: n_kv_head={self.n_kv_head} must divide n_head={self.n_head} "
+                f"(each key/value head serves an equal group of query heads)"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"AttentionConfig: dropout must be in [0, 1), got {self.dropout}")
+        if self.impl not in ("auto", "fused", "einsum"):
+            raise ValueError(f"AttentionConfig: impl must be 'auto', 'fused' or 'einsum', got {self.impl!r}")
+        if self.impl == "fused" and self.dropout > 0:
+            raise ValueError(
+                "AttentionConfig: impl='fused' cannot drop attention probabilities "
+                f"(jax.nn.dot_product_attention has no dropout), but dropout={self.dropout}; use impl='auto'"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def qkv_width(self) -> int:
+        """Output width of the fused qkv projection."""
+        return (self.n_head + 2 * self.n_kv_head) * self.head_dim
+
+
+def init(
+    key: PRNGKeyArray,
+    config: AttentionConfig,
+    *,
+    w_init: initializers.Initializer = initializers.lecun_normal(),
+    proj_init: initializers.Initializer | None = None,
+    dtype: Any = jnp.float32,
+) -> Params:
+    """`proj_init` overrides the output projection's initializer (GPT-2 scales it by 1/sqrt(2 * n_layer))."""
+    keys = prandom.named_keys(key, "qkv", "proj")
+    d = config.d_model
+    return {
+        "qkv": linear.init(keys["qkv"], d, config.qkv_width, bias=config.bias, w_init=w_init, dtype=dtype),
+        "proj": linear.init(keys["proj"], d, d, bias=config.bias, w_init=proj_init or w_init, dtype=dtype),
+    }
+
+
+def init_cache(config: AttentionConfig, batch: int, max_len: int, dtype: Any = jnp.float32) -> Cache:
+    """An empty key/value cache for `max_len` positions: {"k", "v": (batch, max_len, n_kv_head, head_dim),
+    "index": int32 scalar, the number of positions written so far}."""
+    if batch <= 0 or max_len <= 0:
+        raise ValueError(f"attention.init_cache: batch and max_len must be positive, got {batch}, {max_len}")
+    shape = (batch, max_len, config.n_kv_head, config.head_dim)
+    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype), "index": jnp.zeros((), jnp.int32)}
+
+
+def dot_product_attention(
+    q: Float[Array, "batch seq n_head head_dim"],
+    k: Float[Array, "batch kv_seq n_kv_head head_dim"],
+    v: Float[Array, "batch kv_seq n_kv_head head_dim"],
+    mask: Bool[Array, "#batch #n_head seq kv_seq"] | None = None,
+    *,
+    dropout_rate: float = 0.0,
+    key: PRNGKeyArray | None = None,
+) -> Float[Array, "batch seq n_head head_dim"]:
+    """softmax(q k^T / sqrt(head_dim), masked) v, written out with einsums; the "einsum" formulation.
+
+    `mask` is True where a query may attend to a key; its head axis is n_head or 1. Logits and softmax are
+    float32 whatever the input dtype; the probabilities are dropped (with `key`, at `dropout_rate`), cast to
+    the values' dtype and applied. Query heads are grouped onto key/value heads without copying k and v.
+    """
+    batch, seq, n_head, head_dim = q.shape
+    n_kv_head = k.shape[2]
+    group = n_head // n_kv_head
+    q = q.reshape(batch, seq, n_kv_head, group, head_dim)
+    logits = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
+    logits = logits.astype(jnp.float32) * (1.0 / head_dim**0.5)
+    if mask is not None:
+        grouped = mask[:, :, None] if mask.shape[1] == 1 else mask.reshape(mask.shape[0], n_kv_head, group, *mask.shape[2:])
+        logits = jnp.where(grouped, logits, _MASKED)
+    probs = dropout_lib.apply(jax.nn.softmax(logits, axis=-1), dropout_rate, key)
+    out = jnp.einsum("bkgts,bskh->btkgh", probs.astype(v.dtype), v)
+    return out.reshape(batch, seq, n_head, head_dim)
+
+
+def apply(
+    params: Params,
+    x: Float[Array, "batch seq d_model"],
+    config: AttentionConfig,
+    *,
+    mask: Bool[Array, "..."] | None = None,
+    cache: Cache | None = None,
+    key: PRNGKeyArray | None = None,
+) -> Float[Array, "batch seq d_model"] | tuple[Float[Array, "batch seq d_model"], Cache]:
+    """Self-attention over `x`. Returns `y`, or `(y, new_cache)` when a `cache` is given.
+
+    Arguments:
+        mask: True where a query may attend to a key, broadcastable to (batch, n_head or 1, seq, kv_len),
+            where kv_len is seq without a cache and max_len with one (the mask then covers cache positions).
+            Combined with the causal mask and, with a cache, the written-positions mask. A query allowed to
+            see nothing gets the plain average of all values (as jax.nn.dot_product_attention), not NaN.
+        cache: from `init_cache` or a previous call. The new keys and values are written at
+            [index, index + seq); the returned cache has them and index + seq. Writing past max_len cannot
+            be detected at trace time (index is traced), so the output is NaN instead of silently wrong.
+        key: switches dropout on (with `config.dropout > 0`); None is evaluation.
+    """
+    check_keys(params, "attention", required=("qkv", "proj"))
+    check_keys(params["qkv"], "attention.qkv", required=("w",), optional=("b",))
+    _check_input(params, x, config)
+    batch, seq, _ = x.shape
+    n_head, n_kv_head, head_dim = config.n_head, config.n_kv_head, config.head_dim
+
+    qkv = linear.apply(params["qkv"], x)
+    q, k, v = jnp.split(qkv, [n_head * head_dim, (n_head + n_kv_head) * head_dim], axis=-1)
+    q = q.reshape(batch, seq, n_head, head_dim)
+    k = k.reshape(batch, seq, n_kv_head, head_dim)
+    v = v.reshape(batch, seq, n_kv_head, head_dim)
+
+    if cache is None:
+        q_pos, kv_pos = jnp.arange(seq), jnp.arange(seq)
+        written = None
+    else:
+        _check_cache(cache, config, batch, seq)
+        index = cache["index"].astype(jnp.int32)
+        start = (jnp.zeros((), jnp.int32), index, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+        k = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), start)
+        v = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), start)
+        cache = {"k": k, "v": v, "index": index + seq}
+        q_pos, kv_pos = index + jnp.arange(seq), jnp.arange(k.shape[1])
+        written = kv_pos < index + seq
+        k, v = k.astype(q.dtype), v.astype(q.dtype)  # a float32 cache read by a bfloat16 computation
+    allowed = _combine(mask, config, q_pos, kv_pos, written, batch)
+
+    drop = key is not None and config.dropout > 0
+    keys = prandom.named_keys(key, "attn", "resid") if drop else {"attn": None, "resid": None}
+    if config.impl == "einsum" or (config.impl == "auto" and drop):
+        out = dot_product_attention(q, k, v, allowed, dropout_rate=config.dropout, key=keys["attn"])
+    else:
+        out = jax.nn.dot_product_attention(q, k, v, mask=allowed)
+    y = linear.apply(params["proj"], out.reshape(batch, seq, n_head * head_dim))
+    y = dropout_lib.apply(y, config.dropout, keys["resid"])
+    if cache is None:
+        return y
+    overflow = cache["index"] > cache["k"].shape[1]
+    return jnp.where(overflow, jnp.asarray(jnp.nan, y.dtype), y), cache
+
+
+def _combine(
+    mask: Array | None, config: AttentionConfig, q_pos: Array, kv_pos: Array, written: Array | None, batch: int
+) -> Array | None:
+    """One boolean (batch|1, n_head|1, seq, kv_len) mask: the user's, causal on absolute positions, written."""
+    seq, kv_len = q_pos.shape[0], kv_pos.shape[0]
+    allowed = None
+    if config.causal:
+        allowed = kv_pos[None, :] <= q_pos[:, None]
+    if written is not None:
+        allowed = written[None, :] if allowed is None else allowed & written[None, :]
+    if allowed is not None:
+        allowed = jnp.broadcast_to(allowed, (seq, kv_len))[None, None]
+    if mask is not None:
+        mask = _check_mask(mask, config, batch, seq, kv_len)
+        allowed = mask if allowed is None else mask & allowed
+    return allowed
+
+
+def _check_input(params: Params, x: Array, config: AttentionConfig) -> None:
+    if x.ndim != 3 or x.shape[-1] != config.d_model:
+        raise ValueError(
+            f"attention: x has shape {tuple(x.shape)}, expected (batch, seq, d_model={config.d_model}) "
+            f"from config {config}"
+        )
+    w, want = params["qkv"]["w"], (config.d_model, config.qkv_width)
+    if tuple(w.shape) != want:
+        raise ValueError(
+            f"attention: params['qkv']['w'] has shape {tuple(w.shape)}, but config {config} needs {want} "
+            f"((n_head + 2 * n_kv_head) * head_dim outputs); were the params made with another config?"
+        )
+
+
+def _check_mask(mask: Array, config: AttentionConfig, batch: int, seq: int, kv_len: int) -> Array:
+    """The mask as 4-D, after checking it is boolean and broadcastable to (batch, n_head|1, seq, kv_len)."""
+    want = (batch, config.n_head, seq, kv_len)
+    if mask.dtype != jnp.bool_:
+        raise TypeError(f"attention: mask must be boolean (True = may attend), got {mask.dtype}")
+    shape = (1,) * (4 - mask.ndim) + tuple(mask.shape)
+    if mask.ndim > 4 or any(s not in (1, w) for s, w in zip(shape, want)):
+        raise ValueError(
+            f"attention: mask has shape {tuple(mask.shape)}, which does not broadcast to "
+            f"(batch={batch}, n_head={config.n_head} or 1, seq={seq}, kv_len={kv_len}); "
+            f"kv_len is the cache's max_len when decoding with a cache"
+        )
+    return mask.reshape(shape)
+
+
+def _check_cache(cache: Any, config: AttentionConfig, batch: int, seq: int) -> None:
+    check_keys(cache, "attention cache", required=("k", "v", "index"))
+    max_len = cache["k"].shape[1] if cache["k"].ndim == 4 else None
+    want = (batch, max_len, config.n_kv_head, config.head_dim)
+    for name in ("k", "v"):
+        if cache[name].ndim != 4 or tuple(cache[name].shape) != want:
+            raise ValueError(
+                f"attention: cache['{name}'] has shape {tuple(cache[name].shape)}, expected (batch={batch}, "
+                f"max_len, n_kv_head={config.n_kv_head}, head_dim={config.head_dim}) for x and config {config}; "
+                f"make it with attention.init_cache(config, batch, max_len)"
+            )
+    if cache["index"].shape != () or not jnp.issubdtype(cache["index"].dtype, jnp.integer):
+        raise ValueError(
+            f"attention: cache['index'] must be an integer scalar, got {cache['index'].dtype}{list(cache['index'].shape)}"
+        )
+    if seq > max_len:
+        raise ValueError(f"attention: x has seq={seq} tokens, more than the cache's max_len={max_len}")

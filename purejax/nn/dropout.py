@@ -1,0 +1,18 @@
+"""Dropout (Srivastava et al. 2014), inverted: kept values are divided by (1 - rate) so evaluation needs no
+rescaling. No key means evaluation: the input comes back unchanged. There is no hidden train/eval flag."""
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, PRNGKeyArray
+
+from purejax.nn._check import check_rate
+
+
+def apply(x: Float[Array, "*shape"], rate: float, key: PRNGKeyArray | None = None) -> Float[Array, "*shape"]:
+    """Zero each element with probability `rate` and scale the rest by 1/(1 - rate); identity when `key` is
+    None or `rate` is 0."""
+    check_rate("dropout", rate)
+    if key is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))

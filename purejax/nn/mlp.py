@@ -1,0 +1,51 @@
+"""The transformer MLP: linear up to d_hidden, activation, linear back down, dropout.
+
+params: {"fc": linear (d_in, d_hidden), "proj": linear (d_hidden, d_out)}; the names are nanoGPT's (c_fc, c_proj).
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
+
+from purejax import random as prandom
+from purejax.nn import activations, dropout, initializers, linear
+from purejax.nn._check import check_keys
+
+Params = dict[str, Any]
+
+
+def init(
+    key: PRNGKeyArray,
+    d_in: int,
+    d_hidden: int,
+    d_out: int | None = None,
+    *,
+    bias: bool = True,
+    w_init: initializers.Initializer = initializers.lecun_normal(),
+    proj_init: initializers.Initializer | None = None,
+    dtype: Any = jnp.float32,
+) -> Params:
+    """`proj_init` overrides the down projection's initializer (GPT-2 scales it by 1/sqrt(2 * n_layer))."""
+    keys = prandom.named_keys(key, "fc", "proj")
+    d_out = d_in if d_out is None else d_out  # not `d_out or d_in`: d_out=0 must fail, not silently become d_in
+    return {
+        "fc": linear.init(keys["fc"], d_in, d_hidden, bias=bias, w_init=w_init, dtype=dtype),
+        "proj": linear.init(keys["proj"], d_hidden, d_out, bias=bias, w_init=proj_init or w_init, dtype=dtype),
+    }
+
+
+def apply(
+    params: Params,
+    x: Float[ArrayLike, "*batch d_in"],
+    *,
+    activation: Callable[[Array], Array] = activations.gelu,
+    dropout_rate: float = 0.0,
+    key: PRNGKeyArray | None = None,
+) -> Float[Array, "*batch d_out"]:
+    """proj(activation(fc(x))), then dropout when a key is given."""
+    check_keys(params, "mlp", required=("fc", "proj"))
+    h = activation(linear.apply(params["fc"], x))
+    return dropout.apply(linear.apply(params["proj"], h), dropout_rate, key)

@@ -1,0 +1,112 @@
+"""Stacks of identical blocks, run either way: `lax.scan` over params stacked on a leading layer axis, or a
+Python loop over a list of per-layer params. Both give the same result; the helpers convert between them.
+
+    blocks = stack.init(key, n_layer, lambda k: block_init(k, config))  # every leaf gets a leading n_layer axis
+    x = stack.scan(lambda p, x: block_apply(p, x, config), blocks, x)    # one traced block, any depth
+    x = stack.loop(lambda p, x: block_apply(p, x, config), stack.unstack(blocks), x)  # n_layer traced blocks
+
+Why both. `scan` traces and compiles the block once, so compile time does not grow with depth; `loop`
+unrolls, which lets XLA fuse across layers and lets a reader step through layers one by one.
+
+Keys. Layer i's key is `jax.random.fold_in(key, i)` (`layer_keys`): it depends on the index alone, so
+appending a layer changes no other layer's initialisation. `init` builds all layers in one vmapped trace of
+`init_fn`, not one trace per layer. Pass `layer_keys(key, n)` as `xs` to give each layer its own dropout key.
+
+Per-layer inputs and outputs. With `xs` (a pytree whose leaves have a leading layer axis: dropout keys,
+key/value caches), the block is called as `block_apply(layer_params, x, layer_xs) -> (x, layer_ys)` and the
+stack returns `(x, ys)`, `ys` stacked along the layer axis: the scan body gets a layer's cache and returns
+its new cache. Without `xs`, it is `block_apply(layer_params, x) -> x` and the stack returns `x`.
+"""
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Key, PRNGKeyArray, UInt32
+
+from purejax import tree as tree_lib
+
+PyTree = Any
+
+
+def layer_keys(key: PRNGKeyArray, n: int) -> Key[Array, " n"] | UInt32[Array, "n 2"]:
+    """n keys stacked on a leading axis, key i = `fold_in(key, i)`."""
+    return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(n))
+
+
+def init(key: PRNGKeyArray, n: int, init_fn: Callable[[PRNGKeyArray], PyTree]) -> PyTree:
+    """`init_fn(fold_in(key, i))` for i in range(n), stacked on a new leading axis, in one vmapped trace."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"stack.init: n must be a positive int (the number of layers), got {n!r}")
+    return jax.vmap(init_fn)(layer_keys(key, n))
+
+
+def depth(stacked: PyTree, name: str = "stacked") -> int:
+    """The length of the leading layer axis, which every leaf of `stacked` must share."""
+    flat = tree_lib.flatten(stacked)
+    if not flat:
+        raise ValueError(f"stack: {name} has no arrays, so it has no layer axis")
+    sizes = {path: (leaf.shape[0] if getattr(leaf, "ndim", 0) else None) for path, leaf in flat.items()}
+    if len(set(sizes.values())) != 1 or None in sizes.values():
+        listing = ", ".join(f"{p}: {tree_lib.describe(flat[p])}" for p in sizes)
+        raise ValueError(
+            f"stack: every leaf of {name} needs the same leading layer axis, got {listing}; "
+            f"build it with stack.init or stack.stack"
+        )
+    return next(iter(sizes.values()))
+
+
+def scan(
+    block_apply: Callable[..., Any],
+    stacked: PyTree,
+    x: PyTree,
+    *,
+    xs: PyTree = None,
+    unroll: int | bool = 1,
+) -> Any:
+    """Run `block_apply` once per layer under `lax.scan`; `x` is the carry (any pytree: activations, a
+    running loss). Returns `x`, or `(x, ys)` with `xs` (see the module docstring). `unroll` is lax.scan's."""
+    n = depth(stacked)
+    if xs is None:
+        return jax.lax.scan(lambda x, p: (block_apply(p, x), None), x, stacked, unroll=unroll)[0]
+    _check_xs(xs, n)
+    return jax.lax.scan(lambda x, pxs: block_apply(pxs[0], x, pxs[1]), x, (stacked, xs), unroll=unroll)
+
+
+def loop(block_apply: Callable[..., Any], layers: Sequence[PyTree], x: PyTree, *, xs: PyTree = None) -> Any:
+    """The same as `scan`, as a Python loop over a list of per-layer params. `xs` is still stacked (leading
+    layer axis) and `ys` comes back stacked, so `scan` and `loop` are called alike and return alike."""
+    if not isinstance(layers, Sequence) or not layers:
+        raise ValueError(f"stack.loop: layers must be a non-empty list of per-layer params, got {type(layers).__name__}")
+    if xs is None:
+        for params in layers:
+            x = block_apply(params, x)
+        return x
+    _check_xs(xs, len(layers))
+    ys = []
+    for i, params in enumerate(layers):
+        x, y = block_apply(params, x, jax.tree.map(lambda a: a[i], xs))
+        ys.append(y)
+    return x, jax.tree.map(lambda *a: jnp.stack(a), *ys)
+
+
+def stack(layers: Sequence[PyTree]) -> PyTree:
+    """Per-layer params (all with the same paths, shapes and dtypes) stacked on a new leading axis."""
+    if not isinstance(layers, Sequence) or not layers:
+        raise ValueError(f"stack.stack: layers must be a non-empty list of per-layer params, got {type(layers).__name__}")
+    for i, layer in enumerate(layers[1:], start=1):
+        report = tree_lib.diff(layer, layers[0])
+        if not report.ok:
+            raise tree_lib.TreeMismatchError(report.format(f"stack.stack: layer {i} (compared with layer 0)"))
+    return jax.tree.map(lambda *a: jnp.stack(a), *layers)
+
+
+def unstack(stacked: PyTree) -> list[PyTree]:
+    """The inverse of `stack`: a list of per-layer params, slice i of every leaf in layer i."""
+    return [jax.tree.map(lambda a: a[i], stacked) for i in range(depth(stacked))]
+
+
+def _check_xs(xs: PyTree, n: int) -> None:
+    if depth(xs, "xs") != n:
+        raise ValueError(f"stack: xs has {depth(xs, 'xs')} layers on its leading axis, but the params have {n}")

@@ -1,0 +1,122 @@
+"""Gradient transformations: the `init`/`update` pair every optimizer is built from, `chain`, `apply_updates`.
+
+A gradient transformation turns gradients into updates and carries a state from one step to the next:
+
+    state = tx.init(params)
+    updates, state = tx.update(grads, state, params)
+    params = apply_updates(params, updates)
+
+This is optax's calling convention, so an optax transform can sit in a purejax `chain` and a purejax transform in
+an `optax.chain`. States are plain pytrees (they checkpoint as they are). Where purejax builds the structure it
+names the fields: a NamedTuple per transform, and `chain` keys its parts by the names you give, so a checkpoint
+path reads `adam.mu.blocks.attn.qkv.w` rather than optax's `0.mu.blocks.attn.qkv.w`.
+"""
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Int
+
+from purejax import tree as tree_lib
+
+PyTree = Any
+Schedule = Callable[[Int[Array, ""]], ArrayLike]
+"""A function from the step count (an int32 scalar, starting at 0) to a value, e.g. the learning rate."""
+
+
+class GradientTransformation(NamedTuple):
+    """A pure optimizer component: `init(params) -> state`, `update(updates, state, params) -> (updates, state)`.
+
+    The same two fields, in the same order, as `optax.GradientTransformation`, so either library's `chain`
+    accepts the other's transforms."""
+
+    init: Callable[[PyTree], PyTree]
+    update: Callable[..., tuple[PyTree, PyTree]]
+
+
+class EmptyState(NamedTuple):
+    """The state of a transformation that keeps none: a pytree with no leaves."""
+
+
+def stateless(fn: Callable[[PyTree, PyTree], PyTree]) -> GradientTransformation:
+    """A transformation from `fn(updates, params) -> updates` that keeps no state (clipping, weight decay)."""
+
+    def init(params: PyTree) -> EmptyState:
+        del params
+        return EmptyState()
+
+    def update(updates: PyTree, state: EmptyState, params: PyTree = None) -> tuple[PyTree, EmptyState]:
+        return fn(updates, params), state
+
+    return GradientTransformation(init, update)
+
+
+def identity() -> GradientTransformation:
+    """Passes updates through unchanged."""
+    return stateless(lambda updates, params: updates)
+
+
+def chain(*transforms: Any, **named: Any) -> GradientTransformation:
+    """Apply transformations one after the other; the state is `{name: state}` in the same order.
+
+        chain(clip=clip_by_global_norm(1.0), adam=scale_by_adam(), lr=scale_by_learning_rate(3e-4))
+
+    Keyword arguments are named parts (their state is found under that name); positional ones, e.g. optax
+    transforms you do not care to name, are named by their position ("0", "1", ...) and run first.
+    """
+    parts = {str(i): t for i, t in enumerate(transforms)}
+    for name, transform in named.items():
+        if name in parts:
+            raise ValueError(f"chain got two parts named {name!r}; positional parts are named by their index")
+        parts[name] = transform
+    for name, transform in parts.items():
+        _check_part(name, transform)
+
+    def init(params: PyTree) -> dict[str, PyTree]:
+        return {name: t.init(params) for name, t in parts.items()}
+
+    def update(updates: PyTree, state: dict[str, PyTree], params: PyTree = None) -> tuple[PyTree, dict[str, PyTree]]:
+        if not isinstance(state, dict) or set(state) != set(parts):  # jax sorts dict keys: compare as sets
+            got = list(state) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(
+                f"chain state has parts {got} but the chain has {list(parts)}; "
+                "pass the state this chain's init returned (or a checkpoint of it)"
+            )
+        new_state = {}
+        for name, t in parts.items():
+            updates, new_state[name] = t.update(updates, state[name], params)
+        return updates, new_state
+
+    return GradientTransformation(init, update)
+
+
+def _check_part(name: str, transform: Any) -> None:
+    if not name or "." in name:
+        raise ValueError(f"chain part name {name!r} must be non-empty and contain no '.' (it becomes a path)")
+    if not (callable(getattr(transform, "init", None)) and callable(getattr(transform, "update", None))):
+        hint = " (did you forget to call it?)" if callable(transform) else ""
+        raise TypeError(
+            f"chain part {name!r} is a {type(transform).__name__}, not a gradient transformation with "
+            f"init and update{hint}"
+        )
+
+
+def apply_updates(params: PyTree, updates: PyTree) -> PyTree:
+    """`params + updates`, leaf by leaf, each result kept in its parameter's dtype (float32 master weights stay
+    float32 even when an update arrives in bfloat16)."""
+    if jax.tree_util.tree_structure(params) != jax.tree_util.tree_structure(updates):
+        raise tree_lib.TreeMismatchError(tree_lib.diff(updates, params, check_dtype=False).format("updates"))
+    return jax.tree_util.tree_map(lambda p, u: jnp.asarray(p + u).astype(jnp.result_type(p)), params, updates)
+
+
+def safe_increment(count: Int[Array, ""]) -> Int[Array, ""]:
+    """`count + 1`, but staying at the dtype's maximum instead of wrapping around to a negative step."""
+    top = jnp.iinfo(count.dtype).max
+    return jnp.where(count < top, count + 1, top).astype(count.dtype)
+
+
+def zero_count() -> Int[Array, ""]:
+    """A fresh step counter: int32 zero, as optax keeps it."""
+    return jnp.zeros((), jnp.int32)

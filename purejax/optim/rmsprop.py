@@ -1,0 +1,92 @@
+"""RMSprop (Hinton, Coursera lecture 6e, 2012): divide the gradient by a running root-mean-square of itself.
+
+    nu = decay * nu + (1 - decay) * g**2          update = g / sqrt(nu + eps)
+    centered (Graves 2013): also mu = decay * mu + (1 - decay) * g, and divide by sqrt(nu - mu**2 + eps)
+
+With `eps_in_sqrt=False` the denominator is `sqrt(nu) + eps`, which is torch's form. Momentum, if any, is
+applied after the learning rate (optax's order; the same trajectory for a constant rate).
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import ArrayLike
+
+from purejax.optim.base import GradientTransformation, PyTree, Schedule, chain
+from purejax.optim.learning_rate import scale_by_learning_rate
+from purejax.optim.sgd import trace
+
+
+class RmsState(NamedTuple):
+    """The running mean of squared gradients, one array per parameter."""
+
+    nu: PyTree
+
+
+class CenteredRmsState(NamedTuple):
+    """The running means of gradients (`mu`) and of their squares (`nu`)."""
+
+    mu: PyTree
+    nu: PyTree
+
+
+def scale_by_rms(
+    decay: ArrayLike = 0.9,
+    eps: ArrayLike = 1e-8,
+    initial_scale: ArrayLike = 0.0,
+    eps_in_sqrt: bool = True,
+    centered: bool = False,
+) -> GradientTransformation:
+    """Divide updates by the running RMS of the gradients (centered: by their running standard deviation).
+
+    Arguments:
+        decay: decay rate of the running averages (torch's `alpha`, default 0.99 there).
+        eps: stabiliser in the denominator, inside the square root unless `eps_in_sqrt=False`.
+        initial_scale: starting value of `nu` (TensorFlow's RMSprop starts at 1, torch and optax at 0).
+        centered: subtract the squared running mean of the gradients from `nu`.
+    """
+
+    def init(params: PyTree) -> RmsState | CenteredRmsState:
+        nu = jax.tree_util.tree_map(lambda p: jnp.full_like(p, initial_scale), params)
+        return CenteredRmsState(jax.tree_util.tree_map(jnp.zeros_like, params), nu) if centered else RmsState(nu)
+
+    def update(updates: PyTree, state: RmsState | CenteredRmsState, params: PyTree = None) -> tuple[PyTree, PyTree]:
+        del params
+        nu = jax.tree_util.tree_map(lambda g, v: (1 - decay) * jnp.square(g) + decay * v, updates, state.nu)
+        if centered:
+            mu = jax.tree_util.tree_map(lambda g, m: (1 - decay) * g + decay * m, updates, state.mu)
+            variance = jax.tree_util.tree_map(lambda m, v: v - jnp.square(m), mu, nu)
+        else:
+            variance = nu
+        if eps_in_sqrt:
+            scaling = jax.tree_util.tree_map(lambda v: jax.lax.rsqrt(v + eps), variance)
+        else:
+            scaling = jax.tree_util.tree_map(lambda v: 1 / (jnp.sqrt(v) + eps), variance)
+        updates = jax.tree_util.tree_map(lambda s, g: s * g, scaling, updates)
+        return updates, (CenteredRmsState(mu, nu) if centered else RmsState(nu))
+
+    return GradientTransformation(init, update)
+
+
+def rmsprop(
+    learning_rate: ArrayLike | Schedule,
+    decay: ArrayLike = 0.9,
+    eps: ArrayLike = 1e-8,
+    initial_scale: ArrayLike = 0.0,
+    eps_in_sqrt: bool = True,
+    centered: bool = False,
+    momentum: ArrayLike | None = None,
+    nesterov: bool = False,
+) -> GradientTransformation:
+    """RMSprop with optional centering and momentum. State paths: `rms.nu.*` (`rms.mu.*`), `lr.*`,
+    `momentum.trace.*`. Defaults are optax's; torch's are `decay=0.99, eps=1e-8, eps_in_sqrt=False`."""
+    parts = {
+        "rms": scale_by_rms(decay, eps, initial_scale, eps_in_sqrt, centered),
+        "lr": scale_by_learning_rate(learning_rate),
+    }
+    if momentum is not None:
+        parts["momentum"] = trace(momentum, nesterov)
+    elif nesterov:
+        raise ValueError("rmsprop(nesterov=True) needs a momentum value, e.g. momentum=0.9")
+    return chain(**parts)

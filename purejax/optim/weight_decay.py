@@ -1,0 +1,63 @@
+"""Decoupled weight decay (`updates + weight_decay * params`, Loshchilov & Hutter 2019) and the masks that say
+which parameters it applies to.
+
+A mask is either a pytree of Python bools shaped like the params, or a predicate `(path, leaf) -> bool` asked
+once per leaf, e.g. nanoGPT's rule "decay matrices and embeddings, not biases or norm gains":
+
+    adamw(3e-4, weight_decay=0.1, mask=lambda path, p: p.ndim >= 2)
+
+(optax's callable mask takes the whole params tree instead; pass a tree here if you already have one.)
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from jaxtyping import ArrayLike
+
+from purejax import tree as tree_lib
+from purejax.optim.base import GradientTransformation, PyTree, stateless
+
+Mask = Any
+"""None (every leaf), a pytree of bools with the params' structure, or a predicate `(path: str, leaf) -> bool`."""
+
+
+def resolve_mask(mask: Mask, params: PyTree) -> PyTree:
+    """The mask as a pytree of Python bools with exactly the structure of `params`.
+
+    Raises TreeMismatchError listing every path the mask tree lacks or adds, and TypeError naming the path of
+    any entry that is not a Python bool (a mask is decided from names and shapes, never from array values)."""
+    if mask is None:
+        return jax.tree_util.tree_map(lambda _: True, params)
+    if callable(mask):
+        flat = {path: mask(path, leaf) for path, leaf in tree_lib.flatten(params).items()}
+    else:
+        flat = tree_lib.flatten(mask)
+    bad = {path: type(v).__name__ for path, v in flat.items() if not isinstance(v, bool)}
+    if bad:
+        first = next(iter(bad.items()))
+        raise TypeError(
+            f"a weight-decay mask must give a Python bool per parameter; {len(bad)} entries are not, "
+            f"e.g. {first[0]!r} is a {first[1]} (write `p.ndim >= 2`, not a test on array values)"
+        )
+    return tree_lib.unflatten_like(params, flat)
+
+
+def add_decayed_weights(weight_decay: ArrayLike, mask: Mask = None) -> GradientTransformation:
+    """`updates + weight_decay * params` on the leaves the mask selects; the others pass through.
+
+    Place it after the adaptive scaling and before the learning rate, as `adamw` does, so the decay is decoupled
+    from the gradient statistics and still follows the learning-rate schedule."""
+
+    def decay(updates: PyTree, params: PyTree) -> PyTree:
+        if params is None:
+            raise ValueError("add_decayed_weights needs the params: call update(grads, state, params)")
+        selected = resolve_mask(mask, params)
+        return jax.tree_util.tree_map(lambda g, p, m: g + weight_decay * p if m else g, updates, params, selected)
+
+    return stateless(decay)
+
+
+def ndim_at_least(n: int) -> Callable[[str, Any], bool]:
+    """A mask predicate selecting leaves with at least `n` dimensions (`ndim_at_least(2)`: nanoGPT's rule)."""
+    return lambda path, leaf: leaf.ndim >= n

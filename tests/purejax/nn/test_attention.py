@@ -1,0 +1,292 @@
+"""purejax.nn.attention against an independent numpy float64 multi-head attention; both formulations, the
+key/value cache, causality, grouped heads, dropout, bfloat16 and the errors."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from purejax.nn import attention, initializers
+from purejax.nn.attention import AttentionConfig
+
+B, T, D = 2, 6, 16
+
+
+def make(config, seed=0):
+    params = attention.init(jax.random.key(seed), config)
+    # non-zero biases, so a bias applied in the wrong place cannot hide
+    params = jax.tree.map(lambda a: a + 0.1 * jax.random.normal(jax.random.key(seed + 1), a.shape), params)
+    x = jax.random.normal(jax.random.key(seed + 2), (B, T, config.d_model))
+    return params, x
+
+
+def np_attention(params, x, config, mask=None):
+    """Textbook attention in float64: separate q/k/v slices, key/value heads repeated for grouped queries,
+    -inf for masked logits."""
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+    x = np.asarray(x, np.float64)
+    b, t, _ = x.shape
+    n, kv, h = config.n_head, config.n_kv_head, config.head_dim
+    qkv = x @ p["qkv"]["w"] + p["qkv"].get("b", 0.0)
+    q = qkv[..., : n * h].reshape(b, t, n, h)
+    k = qkv[..., n * h : (n + kv) * h].reshape(b, t, kv, h)
+    v = qkv[..., (n + kv) * h :].reshape(b, t, kv, h)
+    k, v = np.repeat(k, n // kv, axis=2), np.repeat(v, n // kv, axis=2)
+    logits = np.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(h)
+    allowed = np.ones((t, t), bool)
+    if config.causal:
+        allowed = np.tril(allowed)
+    if mask is not None:
+        allowed = allowed & np.asarray(mask)
+    logits = np.where(allowed, logits, -np.inf)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    out = np.einsum("bnts,bsnh->btnh", probs, v).reshape(b, t, n * h)
+    return out @ p["proj"]["w"] + p["proj"].get("b", 0.0)
+
+
+CONFIGS = [
+    AttentionConfig(D, 4),
+    AttentionConfig(D, 4, causal=False),
+    AttentionConfig(D, 4, n_kv_head=2),
+    AttentionConfig(D, 4, n_kv_head=1),  # multi-query
+    AttentionConfig(D, 2, bias=False),
+]
+
+
+@pytest.mark.parametrize("impl", ["fused", "einsum"])
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+def test_matches_numpy(config, impl):
+    config = AttentionConfig(**{**config.__dict__, "impl": impl})
+    params, x = make(config)
+    y = jax.jit(attention.apply, static_argnums=2)(params, x, config)
+    chex.assert_shape(y, (B, T, D))
+    np.testing.assert_allclose(y, np_attention(params, x, config), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl", ["fused", "einsum"])
+def test_padding_and_per_head_masks_match_numpy(impl):
+    config = AttentionConfig(D, 4, n_kv_head=2, impl=impl)
+    params, x = make(config)
+    lengths = np.array([T, 3])
+    padding = (np.arange(T)[None, :] < lengths[:, None])[:, None, None, :]  # (batch, 1, 1, kv_len)
+    y = attention.apply(params, x, config, mask=jnp.asarray(padding))
+    np.testing.assert_allclose(y, np_attention(params, x, config, padding), rtol=1e-5, atol=1e-5)
+
+    per_head = np.random.default_rng(0).random((B, 4, T, T)) < 0.5
+    per_head |= np.eye(T, dtype=bool)  # every query may see itself, so no row is empty
+    y = attention.apply(params, x, config, mask=jnp.asarray(per_head))
+    np.testing.assert_allclose(y, np_attention(params, x, config, per_head), rtol=1e-5, atol=1e-5)
+
+
+def test_query_that_sees_nothing_is_finite_and_paths_agree():
+    mask = jnp.zeros((1, 1, T, T), bool).at[..., 0, :].set(True)  # only query row 0 may attend
+    outs = []
+    for impl in ("fused", "einsum"):
+        config = AttentionConfig(D, 4, causal=False, impl=impl)
+        params, x = make(config)
+        outs.append(attention.apply(params, x, config, mask=mask))
+    assert np.isfinite(outs[0]).all()
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-6)
+
+
+def test_paths_agree_in_value_and_gradient():
+    fused, einsum = AttentionConfig(D, 4, n_kv_head=2, impl="fused"), AttentionConfig(D, 4, n_kv_head=2, impl="einsum")
+    params, x = make(fused)
+
+    def loss(params, x, config):
+        return jnp.sum(jnp.sin(attention.apply(params, x, config)))
+
+    grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)), static_argnums=2)
+    (v1, g1), (v2, g2) = grad(params, x, fused), grad(params, x, einsum)
+    np.testing.assert_allclose(v1, v2, rtol=1e-5)
+    chex.assert_trees_all_close(g1, g2, rtol=1e-4, atol=1e-5)
+
+
+def test_causality_a_future_token_never_changes_earlier_outputs():
+    config = AttentionConfig(D, 4, n_kv_head=2)
+    params, x = make(config)
+    y = attention.apply(params, x, config)
+    for t in range(T):
+        changed = x.at[:, t].add(5.0)
+        y2 = attention.apply(params, changed, config)
+        np.testing.assert_array_equal(y2[:, :t], y[:, :t])
+        assert not np.allclose(y2[:, t:], y[:, t:])
+
+
+@pytest.mark.parametrize("config", [AttentionConfig(D, 4), AttentionConfig(D, 4, n_kv_head=1)], ids=str)
+def test_cached_decoding_equals_full_forward(config):
+    params, x = make(config)
+    full = attention.apply(params, x, config)
+    max_len = T + 3  # longer than needed: the unwritten tail must stay invisible
+
+    # one token at a time, under lax.scan
+    def step(cache, x_t):
+        y_t, cache = attention.apply(params, x_t[:, None], config, cache=cache)
+        return cache, y_t[:, 0]
+
+    cache, ys = jax.lax.scan(step, attention.init_cache(config, B, max_len), jnp.swapaxes(x, 0, 1))
+    np.testing.assert_allclose(jnp.swapaxes(ys, 0, 1), full, rtol=1e-5, atol=1e-5)
+    assert int(cache["index"]) == T
+
+    # a prompt of 4 tokens, then the rest one by one
+    y_prompt, cache = attention.apply(params, x[:, :4], config, cache=attention.init_cache(config, B, max_len))
+    np.testing.assert_allclose(y_prompt, full[:, :4], rtol=1e-5, atol=1e-5)
+    for t in range(4, T):
+        y_t, cache = attention.apply(params, x[:, t : t + 1], config, cache=cache)
+        np.testing.assert_allclose(y_t[:, 0], full[:, t], rtol=1e-5, atol=1e-5)
+
+
+def test_cached_decoding_with_a_padding_mask_over_cache_positions():
+    config = AttentionConfig(D, 4)
+    params, x = make(config)
+    padding = jnp.asarray(np.arange(T)[None, :] != 1)[:, None, None, :]  # key position 1 hidden, (1, 1, 1, T)
+    full = attention.apply(params, x, config, mask=padding)
+    y0, cache = attention.apply(params, x[:, :3], config, mask=padding, cache=attention.init_cache(config, B, T))
+    y1, _ = attention.apply(params, x[:, 3:], config, mask=padding, cache=cache)
+    np.testing.assert_allclose(jnp.concatenate([y0, y1], axis=1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_decoding_under_scan_traces_once():
+    config = AttentionConfig(D, 4, n_kv_head=2)
+    params, x = make(config)
+
+    @chex.assert_max_traces(n=1)
+    def step(cache, x_t):
+        y_t, cache = attention.apply(params, x_t[:, None], config, cache=cache)
+        return cache, y_t[:, 0]
+
+    @jax.jit
+    def decode(cache, xs):
+        return jax.lax.scan(step, cache, xs)
+
+    xs = jnp.swapaxes(x, 0, 1)
+    cache, _ = decode(attention.init_cache(config, B, 2 * T), xs)
+    cache, ys = decode(cache, xs)  # another start index: a traced value, so no retrace
+    assert int(cache["index"]) == 2 * T
+    assert np.isfinite(ys).all()
+
+
+def test_writing_past_the_cache_gives_nan_not_a_silent_answer():
+    config = AttentionConfig(D, 4)
+    params, x = make(config)
+    _, cache = attention.apply(params, x[:, :4], config, cache=attention.init_cache(config, B, T))
+    y, _ = attention.apply(params, x[:, :4], config, cache=cache)  # positions 4..7 of a 6-long cache
+    assert np.isnan(y).all()
+
+
+def test_dropout_deterministic_given_a_key_identity_without():
+    config = AttentionConfig(D, 4, dropout=0.3)
+    params, x = make(config)
+    evaluation = attention.apply(params, x, config)
+    np.testing.assert_array_equal(evaluation, attention.apply(params, x, AttentionConfig(D, 4)))
+    k = jax.random.key(7)
+    a, b = attention.apply(params, x, config, key=k), attention.apply(params, x, config, key=k)
+    np.testing.assert_array_equal(a, b)
+    assert not np.allclose(a, evaluation)
+    assert not np.allclose(a, attention.apply(params, x, config, key=jax.random.key(8)))
+
+
+def test_dropout_is_unbiased():
+    """Inverted dropout on the probabilities and the output keeps the expectation: the mean over many keys
+    approaches the evaluation output (standard error ~ 1/sqrt(n_keys))."""
+    config = AttentionConfig(8, 2, dropout=0.2)
+    params = attention.init(jax.random.key(0), config)
+    x = jax.random.normal(jax.random.key(1), (1, 4, 8))
+    keys = jax.random.split(jax.random.key(2), 4000)
+    samples = jax.jit(jax.vmap(lambda k: attention.apply(params, x, config, key=k)))(keys)
+    evaluation = attention.apply(params, x, config)
+    stderr = samples.std(0) / np.sqrt(len(keys))
+    assert np.all(np.abs(samples.mean(0) - evaluation) < 5 * stderr + 1e-6)
+
+
+@pytest.mark.parametrize("impl", ["fused", "einsum"])
+def test_bfloat16_inputs_use_a_float32_softmax(impl):
+    config = AttentionConfig(D, 4, n_kv_head=2, impl=impl)
+    params, x = make(config)
+    params16, x16 = jax.tree.map(lambda a: a.astype(jnp.bfloat16), (params, x))
+    y16 = attention.apply(params16, x16, config)
+    assert y16.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(y16, np.float32), attention.apply(params, x, config), atol=5e-2, rtol=5e-2)
+    # the softmax's exponentials are float32 even though everything around them is bfloat16
+    jaxpr = jax.make_jaxpr(lambda p, x: attention.apply(p, x, config))(params16, x16)
+    exps = [e for e in _eqns(jaxpr.jaxpr) if e.primitive.name == "exp"]
+    assert exps and all(e.outvars[0].aval.dtype == jnp.float32 for e in exps)
+
+
+def test_bfloat16_computation_reads_a_float32_cache():
+    config = AttentionConfig(D, 4)
+    params, x = make(config)
+    params16, x16 = jax.tree.map(lambda a: a.astype(jnp.bfloat16), (params, x))
+    y, cache = attention.apply(params16, x16, config, cache=attention.init_cache(config, B, T, jnp.float32))
+    assert y.dtype == jnp.bfloat16 and cache["k"].dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(y, np.float32), attention.apply(params, x, config), atol=5e-2, rtol=5e-2)
+
+
+def _eqns(jaxpr):
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in jax.core.jaxprs_in_params(eqn.params):
+            yield from _eqns(sub)
+
+
+def test_params_layout_and_init_options():
+    config = AttentionConfig(D, 4, n_kv_head=2)
+    params = attention.init(jax.random.key(0), config, proj_init=initializers.zeros)
+    chex.assert_shape(params["qkv"]["w"], (D, (4 + 2 * 2) * 4))
+    np.testing.assert_array_equal(params["proj"]["w"], 0.0)
+    assert "b" not in attention.init(jax.random.key(0), AttentionConfig(D, 4, bias=False))["qkv"]
+
+
+def test_config_is_hashable_and_defaults_kv_heads():
+    assert AttentionConfig(D, 4) == AttentionConfig(D, 4, n_kv_head=4)
+    assert hash(AttentionConfig(D, 4)) == hash(AttentionConfig(D, 4, n_kv_head=4))
+    assert AttentionConfig(D, 4).head_dim == 4
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(d_model=10, n_head=4), "not divisible by n_head=4"),
+        (dict(d_model=16, n_head=4, n_kv_head=3), "n_kv_head=3 must divide n_head=4"),
+        (dict(d_model=16, n_head=0), "n_head must be a positive int"),
+        (dict(d_model=16, n_head=4, dropout=1.0), "dropout must be in"),
+        (dict(d_model=16, n_head=4, impl="flash"), "impl must be"),
+        (dict(d_model=16, n_head=4, impl="fused", dropout=0.1), "cannot drop attention probabilities"),
+    ],
+)
+def test_impossible_config(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        AttentionConfig(**kwargs)
+
+
+def test_wrong_inputs_give_clear_errors():
+    config = AttentionConfig(D, 4)
+    params, x = make(config)
+    with pytest.raises(ValueError, match=r"x has shape \(2, 6, 8\), expected \(batch, seq, d_model=16\)"):
+        attention.apply(params, x[..., :8], config)
+    with pytest.raises(ValueError, match=r"params\['qkv'\]\['w'\] has shape \(16, 48\), but config .* needs \(16, 32\)"):
+        attention.apply(params, x, AttentionConfig(D, 4, n_kv_head=2))
+    with pytest.raises(KeyError, match=r"attention: params have missing keys \['proj'\]"):
+        attention.apply({"qkv": params["qkv"]}, x, config)
+    with pytest.raises(ValueError, match=r"mask has shape \(2, 1, 6, 5\), which does not broadcast"):
+        attention.apply(params, x, config, mask=jnp.ones((B, 1, T, T - 1), bool))
+    with pytest.raises(TypeError, match="mask must be boolean"):
+        attention.apply(params, x, config, mask=jnp.ones((B, 1, T, T)))
+
+
+def test_wrong_caches_give_clear_errors():
+    config = AttentionConfig(D, 4)
+    params, x = make(config)
+    with pytest.raises(ValueError, match=r"cache\['k'\] has shape \(2, 8, 2, 4\), expected \(batch=2, max_len, n_kv_head=4"):
+        attention.apply(params, x, config, cache=attention.init_cache(AttentionConfig(D, 4, n_kv_head=2), B, 8))
+    with pytest.raises(ValueError, match=r"cache\['k'\] has shape \(3, 8, 4, 4\), expected \(batch=2"):
+        attention.apply(params, x, config, cache=attention.init_cache(config, 3, 8))
+    with pytest.raises(ValueError, match="seq=6 tokens, more than the cache's max_len=4"):
+        attention.apply(params, x, config, cache=attention.init_cache(config, B, 4))
+    with pytest.raises(KeyError, match=r"attention cache: params have missing keys \['index'\]"):
+        attention.apply(params, x, config, cache={"k": jnp.zeros((B, 8, 4, 4)), "v": jnp.zeros((B, 8, 4, 4))})
+    bad_index = {**attention.init_cache(config, B, 8), "index": jnp.zeros((1,), jnp.int32)}
+    with pytest.raises(ValueError, match="cache\\['index'\\] must be an integer scalar"):
+        attention.apply(params, x, config, cache=bad_index)
