@@ -4,7 +4,7 @@ Needs only python3 (3.11 or newer) with pip and venv. The first run creates `.ve
 installs the project with its extras into it; later runs reuse it, and reinstall only when `pyproject.toml`
 changes. Nothing outside `.venv/` is touched.
 
-    python3 dev.py demo [ARGS...]    train the default model, then sample from it (ARGS go to the program)
+    python3 dev.py demo [ARGS...]    train the default GPT, then sample from it (ARGS go to train.gpt)
     python3 dev.py test [ARGS...]    run the whole test suite (ARGS go to pytest)
     python3 dev.py bench [NAME]      run a benchmark from bench/ (installs the bench extra)
 """
@@ -19,7 +19,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 PYTHON = VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-DEMO = ["-m", "train.mlp"]
 
 
 def _stamp(extras: str) -> str:
@@ -50,7 +49,8 @@ def main(argv: list[str]) -> int:
     command, rest = (argv[0], argv[1:]) if argv else ("", [])
     if command == "demo":
         ensure_venv("test,examples")
-        return run([*DEMO, *rest])
+        out_dir = next((a.split("=", 1)[1] for a in rest if a.startswith("--out_dir=")), "out-gpt")
+        return run(["-m", "train.gpt", *rest]) or run(["-m", "train.sample", f"--out_dir={out_dir}", "--num_samples=1"])
     if command == "test":
         ensure_venv("test,examples")
         return run(["-m", "pytest", *rest])

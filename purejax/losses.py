@@ -3,7 +3,7 @@ most of its precision), and returning float32."""
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, ArrayLike, Float, Int
+from jaxtyping import Array, ArrayLike, Float, Integer
 
 
 def _f32(x: Array) -> Array:
@@ -11,7 +11,7 @@ def _f32(x: Array) -> Array:
 
 
 def cross_entropy(
-    logits: Float[ArrayLike, "*batch classes"], labels: Int[ArrayLike, "*batch"], *, ignore_index: int | None = None
+    logits: Float[ArrayLike, "*batch classes"], labels: Integer[ArrayLike, "*batch"], *, ignore_index: int | None = None
 ) -> Float[Array, "*batch"]:
     """Per-example -log softmax(logits)[label], as `optax.softmax_cross_entropy_with_integer_labels`.
 
@@ -39,6 +39,6 @@ def mean_squared_error(pred: Float[ArrayLike, "*shape"], target: Float[ArrayLike
     return jnp.mean(jnp.square(_f32(pred) - _f32(target)))
 
 
-def accuracy(logits: Float[ArrayLike, "*batch classes"], labels: Int[ArrayLike, "*batch"]) -> Float[Array, ""]:
+def accuracy(logits: Float[ArrayLike, "*batch classes"], labels: Integer[ArrayLike, "*batch"]) -> Float[Array, ""]:
     """Fraction of examples whose arg-max logit is the label."""
     return jnp.mean((jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32))

@@ -87,6 +87,24 @@ def unflatten_like(like: PyTree, flat: Mapping[str, Any]) -> PyTree:
     return jax.tree_util.tree_unflatten(treedef, [flat[p] for p in paths])
 
 
+def subtree(tree: PyTree, path: str) -> PyTree:
+    """The node of `tree` at the dotted `path` (`""` is the whole tree): `subtree(state, "params.blocks.0")`.
+
+    Each part matches a child the way `flatten` names it (a dict key, a list index, a NamedTuple field), so
+    any prefix of a path from `flatten` works. Raises KeyError naming the missing part and what is there."""
+    node = tree
+    parts = path.split(".") if path else []
+    for depth, part in enumerate(parts):
+        level = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x, node=node: x is not node)[0]
+        children = {key_to_str(keys[0]): child for keys, child in level if keys}
+        if part not in children:
+            where = ".".join(parts[:depth]) or "the root"
+            there = ", ".join(repr(k) for k in children) or "nothing (a leaf or an empty node)"
+            raise KeyError(f"no {part!r} under {where} (looking up {path!r}); it has {there}")
+        node = children[part]
+    return node
+
+
 def count(tree: PyTree) -> int:
     """Total number of array elements (parameters) in `tree`."""
     return sum(int(np.prod(np.shape(x))) for x in jax.tree_util.tree_leaves(tree))

@@ -4,6 +4,8 @@ names the layer, the argument and what was expected, instead of deep inside XLA.
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
+
 
 def check_keys(params: Any, layer: str, required: Iterable[str], optional: Iterable[str] = ()) -> None:
     """Raise if `params` is not a dict holding exactly the `required` keys (plus any of `optional`)."""
@@ -21,10 +23,9 @@ def check_keys(params: Any, layer: str, required: Iterable[str], optional: Itera
 
 def check_dim(layer: str, arg: str, x: Any, axis: int, expected: int, source: str) -> None:
     """Raise if `x.shape[axis] != expected`, naming the argument, both shapes and where `expected` came from."""
-    if x.ndim == 0 or x.shape[axis] != expected:
-        raise ValueError(
-            f"{layer}: {arg} has shape {tuple(x.shape)}, but its axis {axis} must be {expected} to match {source}"
-        )
+    shape = np.shape(x)  # not x.shape: array-likes (numpy arrays, Python scalars) are accepted too
+    if not shape or shape[axis] != expected:
+        raise ValueError(f"{layer}: {arg} has shape {shape}, but its axis {axis} must be {expected} to match {source}")
 
 
 def check_rate(layer: str, rate: float) -> None:

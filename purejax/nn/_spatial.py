@@ -1,4 +1,4 @@
-"""Shared argument handling for the 2-D spatial layers (conv, pooling): sizes given as an int or an
+"""Shared argument handling for the 2-D spatial layers (conv, pooling): sizes given as an int or a
 (height, width) pair, and padding given as "SAME", "VALID", an int, or explicit ((top, bottom), (left, right)).
 
 Padding is always resolved to explicit pairs before use, so every code path (XLA's convolution, the
@@ -18,7 +18,7 @@ def to_pair(layer: str, name: str, value: int | Sequence[int], minimum: int = 1)
     """`3` -> (3, 3); `(3, 5)` -> (3, 5); raise naming `name` if it is not one or two ints >= minimum."""
     pair = (value, value) if isinstance(value, int) else tuple(value)
     if len(pair) != 2 or not all(isinstance(v, int) and v >= minimum for v in pair):
-        raise ValueError(f"{layer}: {name} must be an int or an (height, width) pair of ints >= {minimum}, got {value!r}")
+        raise ValueError(f"{layer}: {name} must be an int or a (height, width) pair of ints >= {minimum}, got {value}")
     return pair  # type: ignore[return-value]
 
 
@@ -33,7 +33,9 @@ def resolve_padding(
     """
     if isinstance(padding, str):
         if padding.upper() not in ("SAME", "VALID"):
-            raise ValueError(f"{layer}: padding must be 'SAME', 'VALID', an int or ((top, bottom), (left, right)), got {padding!r}")
+            raise ValueError(
+                f"{layer}: padding must be 'SAME', 'VALID', an int or ((top, bottom), (left, right)), got {padding!r}"
+            )
         effective = tuple((w - 1) * d + 1 for w, d in zip(window, dilation))
         pads = jax.lax.padtype_to_pads(in_hw, effective, stride, padding.upper())
         return tuple((int(lo), int(hi)) for lo, hi in pads)  # type: ignore[return-value]
@@ -43,7 +45,9 @@ def resolve_padding(
         return (padding, padding), (padding, padding)
     pairs = tuple(tuple(p) for p in padding)
     if len(pairs) != 2 or not all(len(p) == 2 and all(isinstance(v, int) and v >= 0 for v in p) for p in pairs):
-        raise ValueError(f"{layer}: explicit padding must be ((top, bottom), (left, right)) of ints >= 0, got {padding!r}")
+        raise ValueError(
+            f"{layer}: explicit padding must be ((top, bottom), (left, right)) of ints >= 0, got {padding!r}"
+        )
     return pairs  # type: ignore[return-value]
 
 

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from purejax import random as prandom
+from purejax import tree as tree_lib
 from purejax.nn import dropout as dropout_lib
 from purejax.nn import initializers, linear
 from purejax.nn._check import check_keys
@@ -146,10 +147,12 @@ def dot_product_attention(
     n_kv_head = k.shape[2]
     group = n_head // n_kv_head
     q = q.reshape(batch, seq, n_kv_head, group, head_dim)
-    logits = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
-    logits = logits.astype(jnp.float32) * (1.0 / head_dim**0.5)
+    logits = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32) * (1.0 / head_dim**0.5)
     if mask is not None:
-        grouped = mask[:, :, None] if mask.shape[1] == 1 else mask.reshape(mask.shape[0], n_kv_head, group, *mask.shape[2:])
+        if mask.shape[1] == 1:
+            grouped = mask[:, :, None]
+        else:
+            grouped = mask.reshape(mask.shape[0], n_kv_head, group, *mask.shape[2:])
         logits = jnp.where(grouped, logits, _MASKED)
     probs = dropout_lib.apply(jax.nn.softmax(logits, axis=-1), dropout_rate, key)
     out = jnp.einsum("bkgts,bskh->btkgh", probs.astype(v.dtype), v)
@@ -276,9 +279,8 @@ def _check_cache(cache: Any, config: AttentionConfig, batch: int, seq: int) -> N
                 f"max_len, n_kv_head={config.n_kv_head}, head_dim={config.head_dim}) for x and config {config}; "
                 f"make it with attention.init_cache(config, batch, max_len)"
             )
-    if cache["index"].shape != () or not jnp.issubdtype(cache["index"].dtype, jnp.integer):
-        raise ValueError(
-            f"attention: cache['index'] must be an integer scalar, got {cache['index'].dtype}{list(cache['index'].shape)}"
-        )
+    index = cache["index"]
+    if index.shape != () or not jnp.issubdtype(index.dtype, jnp.integer):
+        raise ValueError(f"attention: cache['index'] must be an integer scalar, got {tree_lib.describe(index)}")
     if seq > max_len:
         raise ValueError(f"attention: x has seq={seq} tokens, more than the cache's max_len={max_len}")

@@ -78,22 +78,26 @@ def apply(
     """Convolve `x` (NHWC; any number of leading batch axes, including none) with `params["w"]` (HWIO).
 
     Arguments:
-        stride, dilation: an int or an (height, width) pair. Dilation spaces the kernel taps (atrous conv).
+        stride, dilation: an int or a (height, width) pair. Dilation spaces the kernel taps (atrous conv).
         padding: "SAME" (output size ceil(in / stride), extra pad at the bottom/right as XLA and TensorFlow),
             "VALID" (none), an int p (p on every side, as torch's `padding=p`), or ((top, bottom), (left, right)).
         groups: feature groups; must equal in_channels // params["w"].shape[2]. It is an argument rather than
             read from the shapes so that an input with the wrong channel count fails instead of silently
             becoming a different grouping.
         depthwise_impl: how a depthwise convolution (groups == in_channels) is computed; see the module
-            docstring. Ignored when groups < in_channels.
+            docstring. "auto" and "xla" accept any grouping; "shifts" on a non-depthwise one is an error.
     """
     check_keys(params, "conv", required=("w",), optional=("b",))
     w = params["w"]
     if w.ndim != 4:
-        raise ValueError(f"conv: params['w'] must be (kh, kw, in_channels // groups, out_channels), got shape {w.shape}")
+        raise ValueError(
+            f"conv: params['w'] must be (kh, kw, in_channels // groups, out_channels), got shape {w.shape}"
+        )
     kh, kw, in_per_group, out_channels = w.shape
     if groups < 1 or out_channels % groups:
-        raise ValueError(f"conv: groups={groups} must be >= 1 and divide out_channels={out_channels} of params['w'] {w.shape}")
+        raise ValueError(
+            f"conv: groups={groups} must be >= 1 and divide out_channels={out_channels} of params['w'] {w.shape}"
+        )
     check_dim("conv", "x", x, -1, in_per_group * groups, f"params['w'] of shape {w.shape} with groups={groups}")
     if "b" in params:
         check_dim("conv", "params['b']", params["b"], -1, out_channels, f"params['w'] of shape {w.shape}")
@@ -119,12 +123,14 @@ def apply(
     x4 = x.reshape((-1, *x.shape[-3:]))  # lax convolutions take exactly one batch axis
     dtype = jnp.result_type(x4, w)
     x4, w = x4.astype(dtype), w.astype(dtype)
-    if depthwise and (depthwise_impl == "shifts" or (depthwise_impl == "auto" and jax.default_backend() in SHIFTS_BACKENDS)):
+    auto_shifts = depthwise_impl == "auto" and jax.default_backend() in SHIFTS_BACKENDS
+    if depthwise and (depthwise_impl == "shifts" or auto_shifts):
         y = _depthwise_shifts(x4, w, stride, pads, dilation, out_hw)
     else:
         y = jax.lax.conv_general_dilated(
-            x4, w, stride, pads, rhs_dilation=dilation, dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=groups
-        )
+            x4, w, stride, pads, rhs_dilation=dilation, feature_group_count=groups,
+            dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        )  # fmt: skip
     y = y.reshape((*batch_shape, *y.shape[1:]))
     if "b" in params:
         y = y + params["b"].astype(dtype)

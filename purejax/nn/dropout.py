@@ -14,5 +14,7 @@ def apply(x: Float[Array, "*shape"], rate: float, key: PRNGKeyArray | None = Non
     check_rate("dropout", rate)
     if key is None or rate == 0.0:
         return x
-    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    # Drawn flat, then reshaped: the same bits (threefry's output does not depend on the rank), but XLA:CPU
+    # compiles a rank-5 draw ~15x more slowly than a flat one (4.7 s vs 0.3 s, jax 0.10.2).
+    keep = jax.random.bernoulli(key, 1.0 - rate, (x.size,)).reshape(x.shape)
     return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))

@@ -7,7 +7,7 @@ and nanoGPT do: `attend(params, h)` computes logits h @ w.T with the same table.
 from typing import Any
 
 import jax.numpy as jnp
-from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
+from jaxtyping import Array, ArrayLike, Float, Integer, PRNGKeyArray
 
 from purejax.nn import initializers
 from purejax.nn._check import check_dim, check_keys
@@ -29,10 +29,11 @@ def init(
     return {"w": w_init(key, (vocab_size, d_model), dtype)}
 
 
-def apply(params: Params, ids: Int[ArrayLike, "*batch"]) -> Float[Array, "*batch d_model"]:
+def apply(params: Params, ids: Integer[ArrayLike, "*batch"]) -> Float[Array, "*batch d_model"]:
     """Rows of the table for each id. An id outside [0, vocab) gives NaNs (jnp.take's "fill" mode), never a
-    silently clamped row."""
+    silently clamped row. Unsigned ids are fine (token files are often uint16)."""
     check_keys(params, "embedding", required=("w",))
+    ids = jnp.asarray(ids)
     if not jnp.issubdtype(ids.dtype, jnp.integer):
         raise TypeError(f"embedding: ids must be integers, got {ids.dtype}")
     rows = jnp.take(params["w"], ids, axis=0, mode="fill", fill_value=jnp.nan)

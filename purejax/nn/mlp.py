@@ -12,7 +12,7 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from purejax import random as prandom
 from purejax.nn import activations, dropout, initializers, linear
-from purejax.nn._check import check_keys
+from purejax.nn._check import check_dim, check_keys
 
 Params = dict[str, Any]
 
@@ -47,5 +47,9 @@ def apply(
 ) -> Float[Array, "*batch d_out"]:
     """proj(activation(fc(x))), then dropout when a key is given."""
     check_keys(params, "mlp", required=("fc", "proj"))
+    for name in ("fc", "proj"):  # checked here too, so that errors name the path, not just "linear"
+        check_keys(params[name], f"mlp.{name}", required=("w",), optional=("b",))
+    w = params["fc"]["w"]
+    check_dim("mlp", "x", x, -1, w.shape[0], f"params['fc']['w'] of shape {tuple(w.shape)}")
     h = activation(linear.apply(params["fc"], x))
     return dropout.apply(linear.apply(params["proj"], h), dropout_rate, key)

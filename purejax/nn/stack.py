@@ -77,8 +77,7 @@ def scan(
 def loop(block_apply: Callable[..., Any], layers: Sequence[PyTree], x: PyTree, *, xs: PyTree = None) -> Any:
     """The same as `scan`, as a Python loop over a list of per-layer params. `xs` is still stacked (leading
     layer axis) and `ys` comes back stacked, so `scan` and `loop` are called alike and return alike."""
-    if not isinstance(layers, Sequence) or not layers:
-        raise ValueError(f"stack.loop: layers must be a non-empty list of per-layer params, got {type(layers).__name__}")
+    _check_layers("stack.loop", layers)
     if xs is None:
         for params in layers:
             x = block_apply(params, x)
@@ -93,8 +92,7 @@ def loop(block_apply: Callable[..., Any], layers: Sequence[PyTree], x: PyTree, *
 
 def stack(layers: Sequence[PyTree]) -> PyTree:
     """Per-layer params (all with the same paths, shapes and dtypes) stacked on a new leading axis."""
-    if not isinstance(layers, Sequence) or not layers:
-        raise ValueError(f"stack.stack: layers must be a non-empty list of per-layer params, got {type(layers).__name__}")
+    _check_layers("stack.stack", layers)
     for i, layer in enumerate(layers[1:], start=1):
         report = tree_lib.diff(layer, layers[0])
         if not report.ok:
@@ -105,6 +103,12 @@ def stack(layers: Sequence[PyTree]) -> PyTree:
 def unstack(stacked: PyTree) -> list[PyTree]:
     """The inverse of `stack`: a list of per-layer params, slice i of every leaf in layer i."""
     return [jax.tree.map(lambda a: a[i], stacked) for i in range(depth(stacked))]
+
+
+def _check_layers(where: str, layers: Any) -> None:
+    if not isinstance(layers, Sequence) or not layers:
+        kind = f"an empty {type(layers).__name__}" if isinstance(layers, Sequence) else type(layers).__name__
+        raise ValueError(f"{where}: layers must be a non-empty list of per-layer params, got {kind}")
 
 
 def _check_xs(xs: PyTree, n: int) -> None:

@@ -25,8 +25,9 @@ from purejax.optim.weight_decay import Mask, add_decayed_weights
 
 
 class Factored(NamedTuple):
-    """Second-moment statistics of one factored leaf: `row` averages over its largest axis, `col` over its
-    second largest (for a 2-d leaf (n, m) with m >= n: `row` has shape (n,), `col` (m,))."""
+    """Second-moment statistics of one factored leaf. For a matrix (n, m): `row` (n,) is the running mean of
+    `g**2 + eps` along each row, `col` (m,) along each column. For more dimensions the same with the two
+    factored axes: `row` averages over the later one, `col` over the earlier one."""
 
     row: Array
     col: Array
@@ -80,8 +81,8 @@ def scale_by_factored_rms(
         found = axes(p.shape)
         if found is None:
             return Unfactored(jnp.zeros_like(p))
-        second, largest = found
-        return Factored(jnp.zeros_like(p.sum(axis=largest)), jnp.zeros_like(p.sum(axis=second)))
+        first, last = sorted(found)
+        return Factored(jnp.zeros_like(p.sum(axis=last)), jnp.zeros_like(p.sum(axis=first)))
 
     def update_leaf(g: Array, stats: Factored | Unfactored, decay: Array) -> tuple[Array, Factored | Unfactored]:
         g_sq = jnp.square(g) + eps
@@ -89,11 +90,15 @@ def scale_by_factored_rms(
             v = (decay * stats.v + (1.0 - decay) * g_sq).astype(stats.v.dtype)
             return g * v**-0.5, Unfactored(v)
         second, largest = axes(g.shape)
-        row = (decay * stats.row + (1.0 - decay) * jnp.mean(g_sq, axis=largest)).astype(stats.row.dtype)
-        col = (decay * stats.col + (1.0 - decay) * jnp.mean(g_sq, axis=second)).astype(stats.col.dtype)
-        second_in_row = second - 1 if second > largest else second  # `row` lost the largest axis
-        row_factor = (row / jnp.mean(row, axis=second_in_row, keepdims=True)) ** -0.5
-        update = g * jnp.expand_dims(row_factor, axis=largest) * jnp.expand_dims(col**-0.5, axis=second)
+        first, last = sorted((second, largest))
+        row = (decay * stats.row + (1.0 - decay) * jnp.mean(g_sq, axis=last)).astype(stats.row.dtype)
+        col = (decay * stats.col + (1.0 - decay) * jnp.mean(g_sq, axis=first)).astype(stats.col.dtype)
+        # v_hat = outer(row, col) / mean(g**2). Normalise by the mean of the statistic averaged over the largest
+        # axis, as optax does (the two means agree up to rounding).
+        over_largest, over_second = (row, col) if largest == last else (col, row)
+        kept = second if second < largest else second - 1  # where `second` sits once `largest` is averaged out
+        largest_factor = (over_largest / jnp.mean(over_largest, axis=kept, keepdims=True)) ** -0.5
+        update = g * jnp.expand_dims(largest_factor, axis=largest) * jnp.expand_dims(over_second**-0.5, axis=second)
         return update, Factored(row, col)
 
     def init(params: PyTree) -> FactoredRmsState:

@@ -16,7 +16,15 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Int
 
-from purejax.optim.base import GradientTransformation, PyTree, Schedule, chain, safe_increment, zero_count
+from purejax.optim.base import (
+    GradientTransformation,
+    PyTree,
+    Schedule,
+    bias_correction,
+    chain,
+    safe_increment,
+    zero_count,
+)
 from purejax.optim.learning_rate import scale_by_learning_rate
 from purejax.optim.weight_decay import Mask, add_decayed_weights
 
@@ -27,15 +35,6 @@ class AdamState(NamedTuple):
     count: Int[Array, ""]
     mu: PyTree
     nu: PyTree
-
-
-def bias_correction(moment: PyTree, decay: ArrayLike, count: Int[Array, ""]) -> PyTree:
-    """`moment / (1 - decay**count)`: undo the pull towards the zero the average started from.
-
-    The correction factor is computed in float32 and only then cast to the moment's dtype: in bfloat16,
-    `decay**count` rounds to 1 early and the division would blow up."""
-    correction = 1 - decay**count
-    return jax.tree_util.tree_map(lambda m: m / correction.astype(m.dtype), moment)
 
 
 def scale_by_adam(

@@ -120,3 +120,12 @@ def safe_increment(count: Int[Array, ""]) -> Int[Array, ""]:
 def zero_count() -> Int[Array, ""]:
     """A fresh step counter: int32 zero, as optax keeps it."""
     return jnp.zeros((), jnp.int32)
+
+
+def bias_correction(average: PyTree, decay: ArrayLike, count: Int[Array, ""]) -> PyTree:
+    """`average / (1 - decay**count)`: undo the pull towards zero of an exponential average that started at 0.
+
+    The factor is computed in float32 and only then cast to each leaf's dtype: in bfloat16 `decay**count` rounds
+    to 1 early and the division would blow up."""
+    correction = 1 - decay**count
+    return jax.tree_util.tree_map(lambda m: m / correction.astype(m.dtype), average)

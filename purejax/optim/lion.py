@@ -25,7 +25,9 @@ class LionState(NamedTuple):
     mu: PyTree
 
 
-def scale_by_lion(b1: ArrayLike = 0.9, b2: ArrayLike = 0.99, mu_dtype: DTypeLike | None = None) -> GradientTransformation:
+def scale_by_lion(
+    b1: ArrayLike = 0.9, b2: ArrayLike = 0.99, mu_dtype: DTypeLike | None = None
+) -> GradientTransformation:
     """Replace updates by Lion's sign update (no learning rate, no sign flip).
 
     Arguments:

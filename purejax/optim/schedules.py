@@ -7,7 +7,6 @@ namesake where optax has one; `warmup_cosine`'s default start reproduces nanoGPT
 """
 
 from collections.abc import Mapping, Sequence
-from typing import Literal
 
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
@@ -38,23 +37,22 @@ def linear(init_value: ArrayLike, end_value: ArrayLike, steps: int, begin: int =
         return constant(init_value)
 
     def schedule(count: ArrayLike) -> Float[Array, "*batch"]:
-        done = jnp.clip(count - begin, 0, steps)
-        return _f32((init_value - end_value) * (1 - done / steps) + end_value)
+        fraction = jnp.clip(count - begin, 0, steps) / steps
+        return _f32(init_value * (1 - fraction) + end_value * fraction)  # exact at both ends
 
     return schedule
 
 
 def cosine_decay(init_value: ArrayLike, decay_steps: int, end_value: ArrayLike = 0.0) -> Schedule:
-    """Half a cosine from `init_value` to `end_value` over `decay_steps` steps, then `end_value`
-    (`optax.cosine_decay_schedule` with `alpha = end_value / init_value`)."""
+    """Half a cosine from `init_value` to `end_value` over `decay_steps` steps, then `end_value`: nanoGPT's
+    `min_lr + coeff * (learning_rate - min_lr)`, and `optax.cosine_decay_schedule` with `alpha = end / init`."""
     if decay_steps <= 0:
         raise ValueError(f"cosine_decay: decay_steps must be positive, got {decay_steps}")
-    alpha = 0.0 if init_value == 0.0 else end_value / init_value
 
     def schedule(count: ArrayLike) -> Float[Array, "*batch"]:
         done = jnp.minimum(count, float(decay_steps))
         cosine = 0.5 * (1 + jnp.cos(jnp.pi * done / decay_steps))
-        return _f32(init_value * ((1 - alpha) * cosine + alpha))
+        return _f32(end_value + (init_value - end_value) * cosine)
 
     return schedule
 
@@ -63,7 +61,9 @@ def join(schedules: Sequence[Schedule], boundaries: Sequence[int]) -> Schedule:
     """`schedules[0]` before `boundaries[0]`, then `schedules[1]` restarted from count 0, and so on
     (`optax.join_schedules`): piece i sees `count - boundaries[i - 1]`."""
     if len(boundaries) != len(schedules) - 1:
-        raise ValueError(f"join: {len(schedules)} schedules need {len(schedules) - 1} boundaries, got {len(boundaries)}")
+        raise ValueError(
+            f"join: {len(schedules)} schedules need {len(schedules) - 1} boundaries, got {len(boundaries)}"
+        )
     if list(boundaries) != sorted(boundaries):
         raise ValueError(f"join: boundaries must be increasing, got {list(boundaries)}")
 
@@ -77,7 +77,11 @@ def join(schedules: Sequence[Schedule], boundaries: Sequence[int]) -> Schedule:
 
 
 def warmup_cosine(
-    peak_value: float, warmup_steps: int, decay_steps: int, end_value: float = 0.0, init_value: float | None = None
+    peak_value: ArrayLike,
+    warmup_steps: int,
+    decay_steps: int,
+    end_value: ArrayLike = 0.0,
+    init_value: ArrayLike | None = None,
 ) -> Schedule:
     """Linear warmup from `init_value` to `peak_value` over `warmup_steps`, then cosine decay to `end_value`
     at step `decay_steps` (counted from 0, warmup included), then `end_value`.
@@ -95,12 +99,12 @@ def warmup_cosine(
 
 
 def warmup_stable_decay(
-    peak_value: float,
+    peak_value: ArrayLike,
     warmup_steps: int,
     stable_steps: int,
     decay_steps: int,
-    end_value: float = 0.0,
-    decay_shape: Literal["linear", "cosine", "sqrt"] = "linear",
+    end_value: ArrayLike = 0.0,
+    decay_shape: str = "linear",
 ) -> Schedule:
     """Warmup-stable-decay: linear warmup from 0 to `peak_value`, hold it for `stable_steps`, then decay to
     `end_value` over `decay_steps` (shape: linear, cosine, or `1 - sqrt(fraction)` as in Hägele et al. 2024),
@@ -124,10 +128,10 @@ def warmup_stable_decay(
 
 def one_cycle(
     total_steps: int,
-    peak_value: float,
-    pct_start: float = 0.3,
-    div_factor: float = 25.0,
-    final_div_factor: float = 1e4,
+    peak_value: ArrayLike,
+    pct_start: ArrayLike = 0.3,
+    div_factor: ArrayLike = 25.0,
+    final_div_factor: ArrayLike = 1e4,
 ) -> Schedule:
     """Smith & Topin's one-cycle policy with cosine annealing (torch's `OneCycleLR` learning rate,
     `optax.cosine_onecycle_schedule`): from `peak / div_factor` up to `peak` over the first `pct_start` of
@@ -138,11 +142,11 @@ def one_cycle(
     end = start / final_div_factor
     up, down = max(peak_step, 1), max(total_steps - peak_step, 1)
 
-    def cosine(a: float, b: float, fraction: Float[Array, "*batch"]) -> Float[Array, "*batch"]:
+    def cosine(a: ArrayLike, b: ArrayLike, fraction: Float[Array, "*batch"]) -> Float[Array, "*batch"]:
         return b + (a - b) / 2.0 * (jnp.cos(jnp.pi * fraction) + 1)
 
     def schedule(count: ArrayLike) -> Float[Array, "*batch"]:
-        rising = cosine(start, peak_value, (count - 0) / up)
+        rising = cosine(start, peak_value, count / up)
         falling = cosine(peak_value, end, (count - peak_step) / down)
         value = jnp.where(count < peak_step, rising, jnp.where(count < total_steps, falling, end))
         return _f32(value)
@@ -150,7 +154,7 @@ def one_cycle(
     return schedule
 
 
-def piecewise_constant(init_value: float, boundaries_and_scales: Mapping[int, float]) -> Schedule:
+def piecewise_constant(init_value: ArrayLike, boundaries_and_scales: Mapping[int, ArrayLike]) -> Schedule:
     """`init_value`, multiplied by `scale` from each boundary step on (`optax.piecewise_constant_schedule`):
     `piecewise_constant(0.1, {30_000: 0.1, 60_000: 0.1})` is torch's `MultiStepLR(gamma=0.1)`."""
     if any(scale < 0 for scale in boundaries_and_scales.values()):

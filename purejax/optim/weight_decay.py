@@ -33,12 +33,11 @@ def resolve_mask(mask: Mask, params: PyTree) -> PyTree:
         flat = {path: mask(path, leaf) for path, leaf in tree_lib.flatten(params).items()}
     else:
         flat = tree_lib.flatten(mask)
-    bad = {path: type(v).__name__ for path, v in flat.items() if not isinstance(v, bool)}
+    bad = [f"{path} ({type(v).__name__})" for path, v in flat.items() if not isinstance(v, bool)]
     if bad:
-        first = next(iter(bad.items()))
         raise TypeError(
-            f"a weight-decay mask must give a Python bool per parameter; {len(bad)} entries are not, "
-            f"e.g. {first[0]!r} is a {first[1]} (write `p.ndim >= 2`, not a test on array values)"
+            f"a weight-decay mask must give a Python bool per parameter, but these entries are not: "
+            f"{', '.join(bad)}; decide from names and shapes (`p.ndim >= 2`), never from array values"
         )
     return tree_lib.unflatten_like(params, flat)
 

@@ -113,7 +113,45 @@ def test_unflatten_like_reports_every_missing_and_unexpected_path():
         assert line in msg
 
 
+def test_subtree_follows_flatten_paths():
+    t = nested()
+    assert tree.subtree(t, "") is t
+    assert tree.subtree(t, "blocks.1") is t["blocks"][1]
+    assert tree.subtree(t, "adam.mu") is t["adam"].mu
+    assert tree.subtree(t, "heads.0") is t["heads"][0]  # an int dict key, written as in a path
+    for path, leaf in tree.flatten(t).items():  # every flattened path leads to its leaf
+        assert tree.subtree(t, path) is leaf
+
+
+def test_subtree_names_the_missing_part_and_what_is_there():
+    t = nested()
+    with pytest.raises(KeyError, match=r"no 'nu' under adam \(looking up 'adam.nu.w'\); it has 'mu', 'count'"):
+        tree.subtree(t, "adam.nu.w")
+    with pytest.raises(KeyError, match=r"no '2' under blocks .* it has '0', '1'"):
+        tree.subtree(t, "blocks.2")
+    with pytest.raises(KeyError, match=r"no 'x' under blocks.0.w .* nothing \(a leaf or an empty node\)"):
+        tree.subtree(t, "blocks.0.w.x")
+
+
 # ---------------------------------------------------------------------------------------- counts and casts
+
+
+def test_subtree_follows_every_prefix_of_a_flatten_path():
+    t = nested()
+    for path, leaf in tree.flatten(t).items():
+        assert tree.subtree(t, path) is leaf
+    assert tree.subtree(t, "") is t
+    assert tree.subtree(t, "blocks.1") is t["blocks"][1]
+    assert tree.subtree(t, "heads.0") is t["heads"][0]  # an int key, named as flatten names it
+    assert tree.subtree(t, "adam.mu") is t["adam"].mu
+    assert tree.subtree({"a": None}, "a") is None
+
+
+def test_subtree_names_the_missing_part_and_what_is_there():
+    with pytest.raises(KeyError, match=r"no 'x' under blocks.0.w \(looking up 'blocks.0.w.x'\); it has nothing"):
+        tree.subtree(nested(), "blocks.0.w.x")
+    with pytest.raises(KeyError, match=r"no '2' under blocks .* it has '0', '1'"):
+        tree.subtree(nested(), "blocks.2")
 
 
 def test_count_and_nbytes():
@@ -157,14 +195,15 @@ def test_cast_floating_casts_floats_and_leaves_everything_else_alone():
 
 
 def test_global_norm_matches_optax_tree_norm():
-    keys = jax.random.split(jax.random.key(0), 3)
-    t = {"a": jax.random.normal(keys[0], (7, 5)), "b": [jax.random.normal(keys[1], (3,))], "c": jnp.float32(-2.5)}
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(7, 5)), rng.normal(size=3)
+    t = {"a": jnp.asarray(a, jnp.float32), "b": [jnp.asarray(b, jnp.float32)], "c": jnp.float32(-2.5)}
     np.testing.assert_allclose(tree.global_norm(t), optax.tree.norm(t), rtol=1e-6)
 
 
 def test_global_norm_matches_float64_numpy_for_low_precision_and_complex_leaves():
     rng = np.random.default_rng(0)
-    a = rng.normal(size=(64, 33)) * 100  # bf16 squares summed in bf16 would lose ~3 digits; float32 accumulation must not
+    a = rng.normal(size=(64, 33)) * 100  # bf16 squares summed in bf16 lose ~3 digits; float32 accumulation must not
     b = rng.normal(size=(17,)) + 1j * rng.normal(size=(17,))
     t = {"a": jnp.asarray(a, jnp.bfloat16), "b": jnp.asarray(b, jnp.complex64)}
     a_rounded = np.asarray(t["a"], np.float64)  # what the bf16 leaf actually holds

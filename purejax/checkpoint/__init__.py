@@ -1,0 +1,40 @@
+"""Single-file checkpoints: safe, atomic, checksummed, streaming.
+
+    from purejax import checkpoint
+
+    checkpoint.save("run/ckpt.msgpack", {"params": params, "opt_state": opt_state, "key": key}, step=step)
+    state, info = checkpoint.restore("run/ckpt.msgpack", like=state)      # validated, placed, sharded
+    params, _ = checkpoint.restore("run/ckpt.msgpack", subtree="params")  # reads only the params' bytes
+    checkpoint.read_metadata("run/ckpt.msgpack").step                     # reads no array bytes
+
+    manager = checkpoint.CheckpointManager("run", keep_last=3)           # a directory of checkpoints
+    manager.save(step, state)
+    restored = manager.restore(like=state)                               # newest valid one, or None
+
+The file format (msgpack, readable without purejax) is specified in docs/checkpoint-format.md; the user
+guide is docs/checkpoint.md.
+"""
+
+from purejax.checkpoint.format import (
+    DEFAULT_CHUNK_BYTES,
+    MAX_CHUNK_BYTES,
+    CheckpointError,
+    CheckpointInfo,
+    LeafInfo,
+)
+from purejax.checkpoint.manager import CheckpointManager
+from purejax.checkpoint.read import Restored, read_metadata, restore
+from purejax.checkpoint.write import save
+
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "MAX_CHUNK_BYTES",
+    "CheckpointError",
+    "CheckpointInfo",
+    "CheckpointManager",
+    "LeafInfo",
+    "Restored",
+    "read_metadata",
+    "restore",
+    "save",
+]

@@ -1,0 +1,230 @@
+"""`save`: stream a tree into one checkpoint file, atomically and durably.
+
+Memory: each leaf goes from the array's own memory to the file, one record per chunk (`np.asarray` of an
+array on one CPU device is a view, and the bytes are written from that view); no bytes object of the whole
+file is ever built. So a save needs no extra memory for arrays on one CPU device, and one leaf's worth at a
+time for arrays that must first be gathered (sharded) or copied from an accelerator.
+
+Atomicity: the file is written under a temporary name in the same directory, flushed and fsynced, renamed
+over the final name, and the directory is fsynced so that the rename itself survives a power cut. A crash at
+any moment leaves the old file or the new one under the final name, never a torn one. Temporary names
+(`.NAME.PID-RANDOM.tmp`) start with a dot and end in `.tmp`; `CheckpointManager` removes leftovers.
+
+Speed: each chunk's CRC32 is computed on a second thread while the chunk is written (both release the GIL),
+and the header, written first with the checksums zeroed, is rewritten in place once they are known (it has
+a fixed length: every checksum is a 4-byte bin). The file is renamed into place only after that.
+"""
+
+import datetime
+import importlib.metadata
+import os
+import secrets
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import jax
+import msgpack
+import numpy as np
+from jax.experimental import multihost_utils
+from jaxtyping import Array
+
+from purejax import tree as tree_lib
+from purejax.checkpoint import format as fmt
+from purejax.checkpoint import nodes
+
+PyTree = Any
+TEMP_SUFFIX = ".tmp"
+_THREADED_CRC_BYTES = 2**20  # below this, a thread hand-off costs more than it saves
+
+
+def save(
+    path: str | os.PathLike,
+    tree: PyTree,
+    *,
+    step: int | np.integer | Array | None = None,
+    config: Any = None,
+    metadata: dict[str, Any] | None = None,
+    chunk_bytes: int = fmt.DEFAULT_CHUNK_BYTES,
+) -> Path:
+    """Write `tree` (and `step`, `config`, `metadata`) to the checkpoint file `path`; returns the path.
+
+    Arguments:
+        path: the file to write; its directory must exist. An existing file is replaced atomically.
+        tree: dicts (str or int keys), lists, tuples, NamedTuples and None over jax or numpy arrays of any
+            dtype (typed PRNG keys included) and scalars. Python scalars are stored as 0-d numpy arrays.
+        step: the training step, readable without loading arrays (`read_metadata(path).step`).
+        config: plain data (dicts, lists, numbers, strings; a dataclass is stored as a dict of its fields).
+        metadata: a dict of plain data, e.g. `{"val_loss": 2.1}` (what `CheckpointManager` ranks by).
+        chunk_bytes: the largest record; leaves above it are split. At most `MAX_CHUNK_BYTES` (1 GiB).
+
+    Multi-process: call it on every process with the same tree. Arrays that span processes are gathered
+    with `multihost_utils.process_allgather` (a collective, so every process must take part), only process
+    0 writes, and all processes wait for the file before returning, so any of them can read it next.
+    """
+    path = Path(path)
+    if not 0 < chunk_bytes <= fmt.MAX_CHUNK_BYTES:
+        raise ValueError(f"chunk_bytes must be in 1..{fmt.MAX_CHUNK_BYTES} (1 GiB), got {chunk_bytes}")
+    tree_lib.flatten(tree)  # ValueError if two leaves share a dotted path
+    node, leaves = nodes.encode(tree)
+    leaves = [(name, *_storable(x)) for name, x in leaves]
+    entries = [_manifest_entry(name, x, impl, chunk_bytes) for name, x, impl in leaves]
+    header = fmt.header_dict(
+        purejax_version=_purejax_version(),
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        step=None if step is None else _step(step),
+        config=fmt.plain(config, "config"),
+        metadata=fmt.plain(dict(metadata or {}), "metadata"),
+        chunk_bytes=chunk_bytes,
+        tree=node,
+        leaves=entries,
+    )
+    if (header_bytes := len(msgpack.packb(header, use_bin_type=True))) > fmt.MAX_HEADER_BYTES:
+        raise ValueError(
+            f"the checkpoint header would be {header_bytes:,} bytes, over the {fmt.MAX_HEADER_BYTES:,} readers accept: "
+            f"{len(leaves):,} leaves, config and metadata; stack repeated layers into single arrays, or shrink them"
+        )
+    if jax.process_index() == 0:
+        with _atomic_file(path) as f:
+            _write_file(f, header, [x for _, x, _ in leaves], chunk_bytes)
+    else:
+        for _, x, _ in leaves:
+            if isinstance(x, jax.Array) and not x.is_fully_addressable:
+                _to_host(x)  # take part in the gather (a collective), then drop the copy
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(f"purejax.checkpoint.save {path}")
+    return path
+
+
+def _write_file(f, header: dict[str, Any], arrays: list[Any], chunk_bytes: int) -> None:
+    """Header (checksums zeroed), every leaf's records, then the header again with the checksums."""
+    placeholder = msgpack.packb(header, use_bin_type=True)
+    _write(f, fmt.pack_preamble(len(placeholder), zlib.crc32(placeholder)))
+    _write(f, placeholder)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="purejax-crc") as pool:
+        for entry, x in zip(header["leaves"], arrays):
+            data = _to_host(x).reshape(-1).view(np.uint8)
+            crcs, start = [], 0
+            for size in fmt.chunk_sizes(data.nbytes, chunk_bytes):
+                chunk = data[start : start + size]
+                crc = pool.submit(zlib.crc32, chunk) if size >= _THREADED_CRC_BYTES else None
+                _write(f, fmt.pack_record_prefix(size))
+                _write(f, chunk)
+                crcs.append(crc.result() if crc is not None else zlib.crc32(chunk))
+                start += size
+            entry["crc32"] = np.asarray(crcs, "<u4").tobytes()
+    final = msgpack.packb(header, use_bin_type=True)
+    assert len(final) == len(placeholder), "the header changed length when its checksums were filled in"
+    f.flush()
+    f.seek(0)
+    _write(f, fmt.pack_preamble(len(final), zlib.crc32(final)))
+    _write(f, final)
+    f.flush()
+
+
+def _write(f, data: Any) -> None:
+    """One write; its own function so the crash tests can stop a save between any two writes."""
+    f.write(data)
+
+
+@contextmanager
+def _atomic_file(path: Path):
+    """An open binary file that appears under `path`, fsynced, only when the `with` block succeeds."""
+    tmp = temp_path(path)
+    f = open(tmp, "xb", buffering=2**20)
+    try:
+        yield f
+        f.flush()
+        os.fsync(f.fileno())
+        f.close()
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except BaseException:
+        f.close()
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def temp_path(path: Path) -> Path:
+    """A fresh temporary name beside `path`: hidden, unique to this process, and ending in `TEMP_SUFFIX`."""
+    return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{TEMP_SUFFIX}")
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make the renames and deletions in `directory` durable (a no-op where directories cannot be opened)."""
+    if os.name == "nt":
+        return
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _storable(x: Any) -> tuple[Any, str | None]:
+    """`(array, key_impl)`: a typed PRNG key becomes its key data and implementation name; a Python or
+    numpy scalar a 0-d numpy array; jax and numpy arrays stay as they are (nothing is copied yet)."""
+    if isinstance(x, jax.Array):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            return jax.random.key_data(x), str(jax.random.key_impl(x))
+        return x, None
+    return (x if isinstance(x, np.ndarray) else np.asarray(x)), None
+
+
+def _manifest_entry(name: str, x: Any, key_impl: str | None, chunk_bytes: int) -> dict[str, Any]:
+    try:
+        dtype = fmt.dtype_name(x.dtype)
+    except TypeError as e:
+        raise TypeError(f"leaf {name!r}: {e}") from None
+    nbytes = int(np.prod(x.shape, dtype=np.int64)) * fmt.DTYPES[dtype].itemsize
+    n_chunks = len(fmt.chunk_sizes(nbytes, chunk_bytes))
+    return {
+        "path": name, "dtype": dtype, "shape": list(x.shape), "nbytes": nbytes,
+        "crc32": bytes(4 * n_chunks), "key_impl": key_impl,
+    }  # fmt: skip
+
+
+def _to_host(x: Any) -> np.ndarray:
+    """A C-contiguous little-endian numpy array holding `x`'s global value (a view where `x` is already one
+    host buffer, otherwise one leaf's worth of new memory).
+
+    A jax array is copied shard by shard: `np.asarray` (and `jax.device_put` to one device) of a sharded or
+    GPU array caches the host copy on the caller's array for its lifetime, which would leave the whole tree
+    duplicated in host memory after a save."""
+    if isinstance(x, jax.Array):
+        if not x.is_fully_addressable:
+            x = multihost_utils.process_allgather(x, tiled=True)
+        elif len(x.sharding.device_set) == 1:
+            x = _single_device_to_host(x)
+        else:
+            host = np.empty(x.shape, x.dtype)
+            for shard in x.addressable_shards:
+                if shard.replica_id == 0:
+                    host[shard.index] = _single_device_to_host(shard.data)
+            x = host
+    x = np.asarray(x)
+    if x.dtype.byteorder == ">":
+        x = x.astype(x.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(x)
+
+
+def _single_device_to_host(x: Array) -> np.ndarray:
+    """A view of a CPU array; for an accelerator array, a copy made through a temporary CPU array."""
+    if next(iter(x.sharding.device_set)).platform == "cpu":
+        return np.asarray(x)
+    return np.asarray(jax.device_put(x, jax.local_devices(backend="cpu")[0]))
+
+
+def _step(step: Any) -> int:
+    if np.ndim(step) != 0 or not np.issubdtype(np.asarray(step).dtype, np.integer):
+        raise TypeError(f"step must be an integer scalar, got {tree_lib.describe(step)}")
+    return int(step)
+
+
+def _purejax_version() -> str:
+    try:
+        return importlib.metadata.version("purejax")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"

@@ -1,0 +1,75 @@
+"""An exponential moving average of the *parameters*, for evaluation and sampling (Polyak averaging).
+
+    ema = param_ema(0.999)
+    ema_state = ema.init(params)
+    ema_state = ema.update(ema_state, params)     # after each optimizer step
+    eval_params = ema.value(ema_state)
+
+Not to be confused with `optax.ema`, a gradient transformation that averages the *updates* flowing through an
+optimizer (a momentum). Hence the name `param_ema`, and a separate (state, params) -> state pair rather than a
+gradient transformation.
+
+Two ways to handle the start: by default the average starts at the initial parameters (no bias; with a decay
+of 0.9999 it then forgets the random initialisation slowly, so pair it with `ema_warmup`); with `debias=True` it
+starts at zero and `value` divides by `1 - decay**count`, as Adam does for its moments.
+"""
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.typing import DTypeLike
+from jaxtyping import Array, ArrayLike, Int
+
+from purejax.optim.base import PyTree, Schedule, bias_correction, safe_increment, zero_count
+
+
+class ParamEMAState(NamedTuple):
+    """Updates made, and the running average of the parameters (the params' structure)."""
+
+    count: Int[Array, ""]
+    average: PyTree
+
+
+class ParamEMA(NamedTuple):
+    """`init(params) -> state`, `update(state, params) -> state`, `value(state) -> averaged params`."""
+
+    init: Callable[[PyTree], ParamEMAState]
+    update: Callable[[ParamEMAState, PyTree], ParamEMAState]
+    value: Callable[[ParamEMAState], PyTree]
+
+
+def ema_warmup(decay: ArrayLike, offset: ArrayLike = 10.0) -> Schedule:
+    """`min(decay, (1 + count) / (offset + count))`: a decay that starts near 0.1 and rises to `decay`, so the
+    average follows the fast-moving early parameters (TensorFlow's `ExponentialMovingAverage(num_updates=...)`,
+    diffusers' `EMAModel` default)."""
+    return lambda count: jnp.minimum(decay, (1.0 + count) / (offset + count))
+
+
+def param_ema(decay: ArrayLike | Schedule, debias: bool = False, dtype: DTypeLike | None = None) -> ParamEMA:
+    """A moving average `average = (1 - d) * params + d * average` with `d = decay` (or `decay(count)`).
+
+    Arguments:
+        decay: the decay per update, e.g. 0.999 (an effective window of ~1000 steps), or a schedule of the count
+            such as `ema_warmup(0.9999)`.
+        debias: start from zeros and divide by `1 - decay**count` in `value`; needs a constant decay.
+        dtype: dtype of the average (e.g. float32 for bfloat16 params); default: each parameter's dtype.
+    """
+    if debias and callable(decay):
+        raise ValueError("param_ema(debias=True) needs a constant decay; a warmup schedule already avoids the bias")
+
+    def init(params: PyTree) -> ParamEMAState:
+        # A copy, never the params' own buffers: a train state holding both would be donated twice.
+        start = jnp.zeros_like if debias else jnp.copy
+        return ParamEMAState(zero_count(), jax.tree_util.tree_map(lambda p: start(p).astype(dtype or p.dtype), params))
+
+    def update(state: ParamEMAState, params: PyTree) -> ParamEMAState:
+        d = decay(state.count) if callable(decay) else decay  # a Python float stays one: 1 - d rounds as optax's
+        average = jax.tree_util.tree_map(lambda p, a: ((1 - d) * p + d * a).astype(a.dtype), params, state.average)
+        return ParamEMAState(safe_increment(state.count), average)
+
+    def value(state: ParamEMAState) -> PyTree:
+        return bias_correction(state.average, decay, state.count) if debias else state.average
+
+    return ParamEMA(init, update, value)

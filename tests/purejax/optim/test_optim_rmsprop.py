@@ -1,0 +1,50 @@
+"""purejax.optim.rmsprop: RMSprop (plain, centered, eps outside the root, with momentum) against optax."""
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from purejax import optim
+
+VARIANTS = {
+    "plain": dict(),
+    "centered": dict(centered=True),
+    "eps-outside-sqrt": dict(eps_in_sqrt=False, initial_scale=1.0),
+    "momentum": dict(momentum=0.9),
+    "centered-nesterov": dict(centered=True, momentum=0.8, nesterov=True),
+}
+
+
+def _builder(rmsprop, options):
+    """A (lr, decay, eps) -> optimizer function for one variant, for the parity runner."""
+    return lambda lr, decay, eps: rmsprop(lr, decay, eps, **options)
+
+
+_OURS = {name: _builder(optim.rmsprop, options) for name, options in VARIANTS.items()}
+_THEIRS = {name: _builder(optax.rmsprop, options) for name, options in VARIANTS.items()}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@settings(max_examples=10, deadline=None)
+@given(lr=st.floats(1e-4, 1e-1), decay=st.floats(0.5, 0.999), eps=st.floats(1e-8, 1e-2))
+def test_rmsprop_matches_optax_over_100_steps(parity, variant, lr, decay, eps):
+    parity(_OURS[variant], _THEIRS[variant], dict(lr=lr, decay=decay, eps=eps))
+
+
+def test_centered_rms_divides_by_the_running_standard_deviation():
+    tx = optim.scale_by_rms(decay=0.5, eps=0.0, centered=True)
+    state = tx.init({"w": jnp.zeros(1)})
+    mu = nu = 0.0
+    for g in (1.0, 3.0, -2.0):
+        updates, state = tx.update({"w": jnp.asarray([g])}, state)
+        mu, nu = 0.5 * mu + 0.5 * g, 0.5 * nu + 0.5 * g * g
+        np.testing.assert_allclose(updates["w"], [g / np.sqrt(nu - mu * mu)], rtol=1e-6)
+    assert isinstance(state, optim.CenteredRmsState)
+
+
+def test_nesterov_without_momentum_is_an_error():
+    with pytest.raises(ValueError, match="needs a momentum"):
+        optim.rmsprop(0.1, nesterov=True)
