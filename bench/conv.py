@@ -11,13 +11,12 @@ choice per backend.
 """
 
 import argparse
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bench.timing import interleaved_medians
 from purejax.nn import conv
 
 # (height = width, channels, stride) of MobileNetV2's depthwise layers at 224x224 input.
@@ -38,24 +37,6 @@ def shifts_depthwise(x, w, stride):
 def forward_backward(fn):
     """The gradients for (x, w) of <fn(x, w), dy>: one forward and one backward pass."""
     return jax.grad(lambda x, w, dy, stride: jnp.vdot(fn(x, w, stride), dy), argnums=(0, 1))
-
-
-def time_interleaved(fns, args, repeats):
-    """Median seconds per call of each jitted fn, calls interleaved; enough calls per sample to last ~50 ms."""
-    for f in fns:
-        jax.block_until_ready(f(*args))
-    start = time.perf_counter()
-    jax.block_until_ready(fns[0](*args))
-    iters = max(1, int(0.05 / (time.perf_counter() - start)))
-    samples = [[] for _ in fns]
-    for _ in range(repeats):
-        for f, s in zip(fns, samples):
-            start = time.perf_counter()
-            for _ in range(iters):
-                out = f(*args)
-            jax.block_until_ready(out)
-            s.append((time.perf_counter() - start) / iters)
-    return [statistics.median(s) for s in samples]
 
 
 def main(argv=None):
@@ -79,9 +60,9 @@ def main(argv=None):
         dy = jnp.asarray(rng.normal(size=(args.batch, out_size, out_size, channels)), jnp.float32)
         fwd = [jax.jit(f, static_argnums=2) for f in (xla_depthwise, shifts_depthwise)]
         np.testing.assert_allclose(fwd[0](x, w, stride), fwd[1](x, w, stride), rtol=1e-4, atol=1e-4)  # same maths
-        fwd_times = time_interleaved([lambda x, w, f=f: f(x, w, stride) for f in fwd], (x, w), args.repeats)
+        fwd_times = interleaved_medians([lambda x, w, f=f: f(x, w, stride) for f in fwd], (x, w), args.repeats)
         bwd = [jax.jit(forward_backward(f), static_argnums=3) for f in (xla_depthwise, shifts_depthwise)]
-        bwd_times = time_interleaved([lambda x, w, dy, f=f: f(x, w, dy, stride) for f in bwd], (x, w, dy), args.repeats)
+        bwd_times = interleaved_medians([lambda x, w, dy, f=f: f(x, w, dy, stride) for f in bwd], (x, w, dy), args.repeats)
         (fx, fs), (bx, bs) = fwd_times, bwd_times
         print(f"| {args.batch}x{size}x{size}x{channels} | {stride} | {fx * 1e3:.2f} | {fs * 1e3:.2f} | {fx / fs:.1f} "
               f"| {bx * 1e3:.2f} | {bs * 1e3:.2f} | {bx / bs:.1f} |", flush=True)  # fmt: skip

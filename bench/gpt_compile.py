@@ -38,11 +38,12 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, n_embd {args.width}, 4 heads, block 64")
-    print(f"{'n_layer':>7s} {'scan trace s':>13s} {'scan compile s':>15s} {'loop trace s':>13s} {'loop compile s':>15s}")
+    header = ("n_layer", "scan trace s", "scan compile s", "loop trace s", "loop compile s")
+    print(" ".join(f"{h:>{w}s}" for h, w in zip(header, (7, 13, 15, 13, 15))))
     for depth in args.depths:
         row = []
         for layers in ("scan", "loop"):
-            config = gpt.GPTConfig(block_size=64, vocab_size=65, n_layer=depth, n_head=4, n_embd=args.width, layers=layers)
+            config = gpt.GPTConfig(64, vocab_size=65, n_layer=depth, n_head=4, n_embd=args.width, layers=layers)
             row += compile_seconds(config)
         print(f"{depth:7d} {row[0]:13.2f} {row[1]:15.2f} {row[2]:13.2f} {row[3]:15.2f}")
 

@@ -13,13 +13,12 @@ time difference is noise, not framework cost.
 import argparse
 import collections
 import re
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bench.timing import interleaved_medians
 from models import mlp
 from purejax.nn import attention, layer_norm
 from purejax.nn import mlp as mlp_layer
@@ -93,22 +92,6 @@ def opcode_counts(fn, *args) -> collections.Counter:
     return collections.Counter(re.findall(r"=\s*\S+\s+([a-z][a-z0-9-]*)\(", text))
 
 
-def time_pair(fns, args, repeats, iters):
-    """Median seconds per call of each jitted fn, measured interleaved."""
-    jitted = [jax.jit(f) for f in fns]
-    for f in jitted:
-        jax.block_until_ready(f(*args))
-    samples = [[] for _ in fns]
-    for _ in range(repeats):
-        for f, s in zip(jitted, samples):
-            start = time.perf_counter()
-            for _ in range(iters):
-                out = f(*args)
-            jax.block_until_ready(out)
-            s.append((time.perf_counter() - start) / iters)
-    return [statistics.median(s) for s in samples]
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=7)
@@ -129,7 +112,7 @@ def main(argv=None):
     for name, ours, raw, case_args in cases:
         grad_ours, grad_raw = jax.value_and_grad(ours), jax.value_and_grad(raw)
         np.testing.assert_allclose(grad_ours(*case_args)[0], grad_raw(*case_args)[0], rtol=1e-5)
-        t_ours, t_raw = time_pair([grad_ours, grad_raw], case_args, args.repeats, args.iters)
+        t_ours, t_raw = interleaved_medians([jax.jit(grad_ours), jax.jit(grad_raw)], case_args, args.repeats, args.iters)
         same = opcode_counts(grad_ours, *case_args) == opcode_counts(grad_raw, *case_args)
         print(f"{name:42s} {t_ours * 1e3:8.3f}ms {t_raw * 1e3:8.3f}ms {t_ours / t_raw:7.3f}  {'yes' if same else 'no'}")
 

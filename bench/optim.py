@@ -6,11 +6,12 @@ params tree (124,439,808 float32 parameters), purejax against optax, in one run.
 Both sides: clip the gradients to global norm 1.0, then AdamW (lr 6e-4, betas 0.9/0.95, weight decay 0.1 on
 the weight matrices and embeddings only, nanoGPT's settings), then add the updates to the params. Each step is
 jitted with the params and the optimizer state donated (updated in place, as a training loop does), and timed
-interleaved (A, B, A, B, ...) so machine noise hits both alike; the table gives the medians and their ratio.
+interleaved (A, B, B, A, ...) so machine noise hits both alike; the table gives the medians and their ratio.
+A second pair without the clipping is the control: the same algorithm written two ways.
 
 Memory: the optimizer state's size in parameter-sized buffers (AdamW needs its two moments, nothing more), and
 XLA's compiled memory analysis of each step: the temporary buffers it allocates beyond its arguments and
-outputs, in MB and in parameter-sized buffers. Both optimizers' updates are compared after the timed steps.
+outputs, in MB and in parameter-sized buffers. Each pair's parameters are compared after the timed steps.
 """
 
 import argparse
@@ -59,16 +60,15 @@ def make_tree(seed: int, scale: float):
     return jax.tree_util.tree_unflatten(treedef, [make(k, s) for k, s in zip(keys, leaves)])
 
 
-def purejax_optimizer():
-    return optim.chain(
-        clip=optim.clip_by_global_norm(1.0),
-        adamw=optim.adamw(6e-4, b1=0.9, b2=0.95, weight_decay=0.1, mask=is_matrix),
-    )
+def purejax_optimizer(clip: bool):
+    adamw = optim.adamw(6e-4, b1=0.9, b2=0.95, weight_decay=0.1, mask=is_matrix)
+    return optim.chain(clip=optim.clip_by_global_norm(1.0), adamw=adamw) if clip else adamw
 
 
-def optax_optimizer(params):
+def optax_optimizer(clip: bool, params):
     mask = tree_lib.unflatten_like(params, {p: is_matrix(p, x) for p, x in tree_lib.flatten(params).items()})
-    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(6e-4, b1=0.9, b2=0.95, weight_decay=0.1, mask=mask))
+    adamw = optax.adamw(6e-4, b1=0.9, b2=0.95, weight_decay=0.1, mask=mask)
+    return optax.chain(optax.clip_by_global_norm(1.0), adamw) if clip else adamw
 
 
 def compiled_step(optimizer, apply_updates, params, state, grads):
@@ -79,17 +79,12 @@ def compiled_step(optimizer, apply_updates, params, state, grads):
     return jax.jit(step, donate_argnums=(0, 1)).lower(params, state, grads).compile()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=15, help="timed steps per optimizer (median reported)")
-    args = parser.parse_args()
-
-    grads = make_tree(1, 1e-3)
-    param_bytes = tree_lib.nbytes(grads)
+def measure(clip: bool, grads, repeats: int) -> dict[str, dict]:
+    """Both sides of one configuration: median step time, state and temporary bytes, final params."""
     sides = {}
     for name, optimizer, apply_updates in (
-        ("purejax", purejax_optimizer(), optim.apply_updates),
-        ("optax", optax_optimizer(grads), optax.apply_updates),
+        ("purejax", purejax_optimizer(clip), optim.apply_updates),
+        ("optax", optax_optimizer(clip, grads), optax.apply_updates),
     ):
         params = make_tree(0, 0.02)
         state = jax.jit(optimizer.init)(params)
@@ -102,34 +97,55 @@ def main() -> None:
             "temp_bytes": step.memory_analysis().temp_size_in_bytes,  # buffers beyond the arguments and outputs
             "state_bytes": tree_lib.nbytes(state),
         }
-
     order = list(sides.values())
-    for round_ in range(args.repeats + 1):  # round 0 warms up and is dropped; the order alternates
+    for round_ in range(repeats + 1):  # round 0 warms up and is dropped; the order alternates
         for side in order if round_ % 2 else order[::-1]:
             start = time.perf_counter()
             side["params"], side["state"] = side["step"](side["params"], side["state"], grads)
             jax.block_until_ready(side["params"])
             side["times"].append(time.perf_counter() - start)
+    for side in sides.values():
+        side["ms"] = 1e3 * statistics.median(side["times"][1:])
+    return sides
 
-    ours, theirs = (jax.tree_util.tree_leaves(sides[name]["params"]) for name in ("purejax", "optax"))
-    difference = max(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in zip(ours, theirs))
-    ms = {name: 1e3 * statistics.median(side["times"][1:]) for name, side in sides.items()}
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=15, help="timed steps per optimizer (median reported)")
+    args = parser.parse_args()
+
+    grads = make_tree(1, 1e-3)
+    param_bytes = tree_lib.nbytes(grads)
     device = jax.devices()[0]
     print(
-        f"AdamW + clip_by_global_norm on GPT-2 small ({tree_lib.count(grads):,} float32 params, "
-        f"{param_bytes / 1e6:.0f} MB), {device.platform} ({device.device_kind}), jax {jax.__version__}, "
-        f"optax {optax.__version__}, median of {args.repeats} donated jitted steps\n"
+        f"GPT-2 small ({tree_lib.count(grads):,} float32 params, {param_bytes / 1e6:.0f} MB), {device.platform} "
+        f"({device.device_kind}), jax {jax.__version__}, optax {optax.__version__}, median of {args.repeats} "
+        "donated jitted steps\n"
     )
-    print(
-        "| optimizer | median ms | ratio to optax | state (param-sized buffers) | step temporaries MB (param-sized) |"
-    )
-    print("|---|---|---|---|---|")
-    for name, side in sides.items():
-        state, temp = side["state_bytes"] / param_bytes, side["temp_bytes"]
-        ratio = ms[name] / ms["optax"]
-        print(f"| {name} | {ms[name]:.1f} | {ratio:.3f} | {state:.2f} | {temp / 1e6:.1f} ({temp / param_bytes:.2f}) |")
-    print(f"\nlargest relative difference of the two sides' params after {args.repeats + 1} steps: {difference:.1e}")
-    np.testing.assert_array_less(difference, 1e-5)
+    print("| step | optimizer | median ms | ratio to optax | state (param-sized) | step temporaries MB (param-sized) |")
+    print("|---|---|---|---|---|---|")
+    differences = {}
+    for clip, label in ((True, "AdamW + clip_by_global_norm"), (False, "AdamW (control)")):
+        sides = measure(clip, grads, args.repeats)
+        for name, side in sides.items():
+            state, temp = side["state_bytes"] / param_bytes, side["temp_bytes"]
+            ratio = side["ms"] / sides["optax"]["ms"]
+            cells = [
+                label,
+                name,
+                f"{side['ms']:.1f}",
+                f"{ratio:.3f}",
+                f"{state:.2f}",
+                f"{temp / 1e6:.1f} ({temp / param_bytes:.2f})",
+            ]
+            print("| " + " | ".join(cells) + " |")
+        ours, theirs = (jax.tree_util.tree_leaves(sides[name]["params"]) for name in ("purejax", "optax"))
+        differences[label] = max(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in zip(ours, theirs))
+        del sides
+    for label, difference in differences.items():
+        print(f"\n{label}: largest relative difference of the two sides' params after {args.repeats + 1} steps: "
+              f"{difference:.1e}")  # fmt: skip
+        np.testing.assert_array_less(difference, 1e-5)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from purejax import losses, sampling
 from purejax import random as prandom
 from purejax import tree as tree_lib
 from purejax.nn import activations, attention, dropout, embedding, initializers, layer_norm, mlp, stack
-from purejax.nn._check import check_keys
+from purejax.nn import check_keys
 
 Params = dict[str, Any]
 Cache = dict[str, Array]
@@ -47,7 +47,8 @@ class GPTConfig:
             applied only when `apply` gets a key.
         bias: biases in linear layers and LayerNorms, as GPT-2; False is nanoGPT's "a bit better and faster".
         gelu: "exact" (erf, torch's nn.GELU default, nanoGPT) or "tanh" (the approximation GPT-2 was trained with).
-        layers: "scan" (compile time flat in depth) or "loop" (unrolled); the results are the same.
+        layers: "scan" (compile time flat in depth) or "loop" (unrolled, which XLA may fuse across layers);
+            the same maths, equal to float32 rounding (XLA fuses the two programs differently).
         attention_impl: passed to `purejax.nn.attention` ("auto", "fused" or "einsum").
     """
 
@@ -234,8 +235,8 @@ def generate(
     block_size tokens and recomputes: every token's position shifts by one, so the cached keys and values
     are stale. The scan does the same, `lax.cond` picking the cached step while the cache has room and the
     full recompute over the last block_size tokens after. Everything is jitted: one compilation per
-    (params shapes, prompt shape, config, max_new_tokens, top_k), whatever the temperature, top_p, key or
-    number of tokens.
+    (params shapes, prompt shape, config, max_new_tokens, top_k, and whether top_p is None), whatever the
+    temperature, top_p, key or number of tokens.
     """
     sampling.check_args(temperature=temperature, top_k=top_k, top_p=top_p)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:

@@ -15,7 +15,7 @@ from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 from purejax import losses
 from purejax import random as prandom
 from purejax.nn import activations, dropout, initializers, linear
-from purejax.nn._check import check_keys
+from purejax.nn import check_keys
 
 
 @dataclass(frozen=True)

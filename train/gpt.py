@@ -100,14 +100,20 @@ class TrainConfig:
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "gelu")
 
 
+def decays(path: str, leaf) -> bool:
+    """nanoGPT's rule: weight decay on tensors with ndim >= 2 (matmul weights and embeddings), not on biases
+    or LayerNorm scales. Counted per layer: a stacked block leaf has an extra leading layer axis."""
+    return leaf.ndim - path.startswith("blocks.") >= 2
+
+
 def make_optimizer(cfg: TrainConfig) -> optim.GradientTransformation:
-    """AdamW with weight decay on tensors with ndim >= 2 (matmul weights and embeddings, not biases or norm
-    scales), driven by nanoGPT's warmup + cosine schedule (or a constant rate)."""
+    """AdamW with weight decay where `decays` says, driven by nanoGPT's warmup + cosine schedule (or a
+    constant rate)."""
     if cfg.decay_lr:
         lr = optim.schedules.warmup_cosine(cfg.learning_rate, cfg.warmup_iters, cfg.lr_decay_iters, cfg.min_lr)
     else:
         lr = cfg.learning_rate
-    return optim.adamw(lr, b1=cfg.beta1, b2=cfg.beta2, weight_decay=cfg.weight_decay, mask=optim.ndim_at_least(2))
+    return optim.adamw(lr, b1=cfg.beta1, b2=cfg.beta2, weight_decay=cfg.weight_decay, mask=decays)
 
 
 def make_loss_fn(model: gpt.GPTConfig, policy: Policy):

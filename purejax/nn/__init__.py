@@ -16,3 +16,4 @@ from purejax.nn import (
     rms_norm,
     stack,
 )
+from purejax.nn._check import check_dim, check_keys  # the checks every layer makes, for models to reuse

@@ -9,8 +9,8 @@ multi-query attention (Shazeer 2019).
 
 Two formulations compute the same thing. "fused" calls `jax.nn.dot_product_attention` (XLA today, cuDNN's
 flash attention where a backend offers it); "einsum" writes the maths out in `dot_product_attention` below,
-and is the one that can drop attention probabilities. `impl="auto"` takes "einsum" only when dropout is on
-(a key is given and `dropout > 0`). Both compute logits and softmax in float32 whatever the input dtype.
+and is the one that can drop attention probabilities. `impl="auto"` takes "einsum" when dropout is on (a
+key is given and `dropout > 0`) and for float16 on CPU, which XLA:CPU's fused attention cannot compile. Both compute logits and softmax in float32 whatever the input dtype.
 
 Incremental decoding. `init_cache` preallocates keys and values for `max_len` positions plus the write index;
 `apply(..., cache=cache)` writes the new tokens' keys and values at [index, index + seq), attends over the
@@ -209,7 +209,7 @@ def apply(
 
     drop = key is not None and config.dropout > 0
     keys = prandom.named_keys(key, "attn", "resid") if drop else {"attn": None, "resid": None}
-    if config.impl == "einsum" or (config.impl == "auto" and drop):
+    if config.impl == "einsum" or (config.impl == "auto" and (drop or _no_fused_float16(q.dtype))):
         out = dot_product_attention(q, k, v, allowed, dropout_rate=config.dropout, key=keys["attn"])
     else:
         out = jax.nn.dot_product_attention(q, k, v, mask=allowed)
@@ -219,6 +219,11 @@ def apply(
         return y
     overflow = cache["index"] > cache["k"].shape[1]
     return jnp.where(overflow, jnp.asarray(jnp.nan, y.dtype), y), cache
+
+
+def _no_fused_float16(dtype: Any) -> bool:
+    """XLA:CPU cannot compile `jax.nn.dot_product_attention` in float16 ("F16_F16_F32 not supported")."""
+    return dtype == jnp.float16 and jax.default_backend() == "cpu"
 
 
 def _combine(

@@ -117,3 +117,18 @@ def test_resume_with_a_conflicting_override_is_rejected(tmp_path, corpus):
     proc = run_gpt([*TINY, f"--dataset={corpus}", "--out_dir=run", "--init_from=resume", "--n_layer=3"], tmp_path)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode != 0 and "n_layer: checkpoint has 2, override says 3" in out
+
+
+def test_weight_decay_reaches_matmul_weights_and_embeddings_only():
+    """nanoGPT decays tensors with ndim >= 2 per layer: with stacked blocks that must discount the layer axis."""
+    import jax
+
+    from models import gpt
+    from purejax import optim, tree
+    from train.gpt import decays
+
+    params = gpt.init(jax.random.key(0), gpt.GPTConfig(block_size=8, vocab_size=16, n_layer=2, n_head=2, n_embd=8))
+    mask = tree.flatten(optim.resolve_mask(decays, params))
+    assert sorted(p for p, on in mask.items() if on) == [
+        "blocks.attn.proj.w", "blocks.attn.qkv.w", "blocks.mlp.fc.w", "blocks.mlp.proj.w", "wpe.w", "wte.w",
+    ]  # fmt: skip

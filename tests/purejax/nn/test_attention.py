@@ -289,3 +289,13 @@ def test_wrong_caches_give_clear_errors():
     bad_index = {**attention.init_cache(config, B, 8), "index": jnp.zeros((1,), jnp.int32)}
     with pytest.raises(ValueError, match=r"cache\['index'\] must be an integer scalar, got int32\[1\]"):
         attention.apply(params, x, config, cache=bad_index)
+
+
+def test_auto_runs_float16_under_jit():
+    """XLA:CPU cannot compile the fused attention in float16; "auto" must fall back to the einsum path."""
+    config = AttentionConfig(D, 4, impl="auto")
+    params, x = make(config)
+    params16, x16 = jax.tree.map(lambda a: a.astype(jnp.float16), (params, x))
+    y16 = jax.jit(lambda p, x: attention.apply(p, x, config))(params16, x16)
+    assert y16.dtype == jnp.float16
+    np.testing.assert_allclose(np.asarray(y16, np.float32), attention.apply(params, x, config), atol=2e-2, rtol=2e-2)

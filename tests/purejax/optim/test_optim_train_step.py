@@ -206,3 +206,19 @@ def test_loss_fn_mistakes_are_explained():
         step(state, BATCH, loss_fn=lambda p, b, k: (jnp.sum(b["x"] @ p["w"], axis=1), {}))
     with pytest.raises(ValueError, match="pass the same param_ema to init_train_state and train_step"):
         step(state, BATCH, loss_fn=loss_fn, ema=optim.param_ema(0.9))
+
+
+def test_train_state_checkpoints_as_it_is_and_training_resumes_identically(tmp_path):
+    from purejax import checkpoint
+
+    optimizer = optim.adamw(schedules.warmup_cosine(1e-2, 3, 50), weight_decay=0.1, mask=optim.ndim_at_least(2))
+    ema = optim.param_ema(0.9, debias=True)
+    scale = optim.dynamic_loss_scale(2.0**12, period=3, min_loss_scale=2.0**8)
+    state = optim.init_train_state(PARAMS, optimizer, jax.random.key(0), loss_scale=scale, ema=ema)
+    step = make_step(loss_fn=loss_fn, optimizer=optimizer, ema=ema, max_grad_norm=1.0)
+    for _ in range(4):
+        state, _ = step(state, BATCH)
+    checkpoint.save(tmp_path / "ckpt.msgpack", state, step=int(state.step))
+    restored, _ = checkpoint.restore(tmp_path / "ckpt.msgpack", like=state)
+    assert float(restored.loss_scale.min_loss_scale) == 2.0**8  # every field of the loss scale is stored
+    chex.assert_trees_all_equal(step(restored, BATCH), step(state, BATCH))
