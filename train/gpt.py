@@ -98,6 +98,7 @@ class TrainConfig:
 
 
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "gelu")
+DATA_KEYS = ("dataset", "tokenizer")
 
 
 def decays(path: str, leaf) -> bool:
@@ -143,18 +144,24 @@ def explicit_keys(argv: list[str]) -> set[str]:
     return {a[2:].partition("=")[0] for a in argv if a.startswith("--")} - {"config"}
 
 
-def resolve_resume(cfg: TrainConfig, given: set[str], manager: checkpoint.CheckpointManager) -> TrainConfig:
-    """For --init_from=resume: the model settings come from the checkpoint; an override that contradicts
-    them is an error (a checkpoint cannot be loaded into a different architecture)."""
+def resolve_resume(cfg: TrainConfig, given: set[str], manager: checkpoint.CheckpointManager) -> tuple[TrainConfig, gpt.GPTConfig]:
+    """For --init_from=resume: the settings come from the checkpoint, then the overrides given now, except
+    that an override contradicting the model or the data is an error (a checkpoint cannot be loaded into a
+    different architecture or continued on other data)."""
     step = manager.latest_step()
     if step is None:
         raise SystemExit(f"error: --init_from=resume, but {cfg.out_dir!r} has no readable checkpoint")
-    saved = checkpoint.read_metadata(manager.path(step)).config["train"]
-    conflicts = [f"{k}: checkpoint has {saved[k]!r}, override says {getattr(cfg, k)!r}"
-                 for k in MODEL_KEYS + ("dataset", "tokenizer") if k in given and saved.get(k) != getattr(cfg, k)]  # fmt: skip
+    saved = checkpoint.read_metadata(manager.path(step)).config
+    recorded = {**{k: saved["model"][k] for k in MODEL_KEYS}, **{k: saved["train"][k] for k in DATA_KEYS}}
+    conflicts = [f"{k}: checkpoint has {v!r}, override says {getattr(cfg, k)!r}"
+                 for k, v in recorded.items() if k in given and v != getattr(cfg, k)]  # fmt: skip
     if conflicts:
         raise SystemExit("error: the overrides conflict with the checkpoint being resumed:\n  " + "\n  ".join(conflicts))
-    return dataclasses.replace(cfg, **{k: saved[k] for k in MODEL_KEYS + ("dataset", "tokenizer")})
+    # Every other setting continues as saved unless given again now (e.g. --max_iters=4000 to train longer).
+    settings = {**saved["train"], **recorded, **{k: getattr(cfg, k) for k in given}, "init_from": "resume", "out_dir": cfg.out_dir}
+    cfg = config_lib.build(TrainConfig, {k: v for k, v in settings.items() if k in TrainConfig.__dataclass_fields__})
+    model = gpt.GPTConfig(**{**saved["model"], "dropout": cfg.dropout, "layers": cfg.layers})
+    return cfg, model
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -167,9 +174,9 @@ def main(argv: list[str] | None = None) -> dict:
     # ------------------------------------------------ everything that can fail does so before compiling
     out_dir = run.prepare_out_dir(cfg.out_dir)
     manager = checkpoint.CheckpointManager(out_dir, keep_last=cfg.keep_checkpoints)
-    hf_dir = None
+    hf_dir, resumed_model = None, None
     if cfg.init_from == "resume":
-        cfg = resolve_resume(cfg, explicit_keys(argv), manager)
+        cfg, resumed_model = resolve_resume(cfg, explicit_keys(argv), manager)
     elif cfg.init_from != "scratch":
         hf_dir = Path(cfg.init_from)
         if not (hf_dir / "config.json").exists():
@@ -184,7 +191,7 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"error: block_size={cfg.block_size} needs more than {cfg.block_size} tokens per split, "
                          f"but the {'train' if len(dataset.train) == shortest else 'val'} split has {shortest}")
     try:
-        model = cfg.model_config(dataset.tokenizer.vocab_size)
+        model = resumed_model or cfg.model_config(dataset.tokenizer.vocab_size)
     except config_lib.ConfigError as e:
         raise SystemExit(f"error: {e}") from None
     policy = Policy(jnp.float32, cfg.dtype, jnp.float32)
@@ -195,12 +202,13 @@ def main(argv: list[str] | None = None) -> dict:
     if hf_dir is not None:
         from models import gpt_hf
 
-        params, model = gpt_hf.load(hf_dir, dropout=cfg.dropout)
+        params, model = gpt_hf.load(hf_dir)
+        model = dataclasses.replace(model, dropout=cfg.dropout, layers=cfg.layers)
         if dataset.tokenizer.vocab_size > model.vocab_size:
             raise SystemExit(f"error: the tokenizer has {dataset.tokenizer.vocab_size} tokens, the model {model.vocab_size}")
         params, model = gpt.crop_block_size(params, model, min(cfg.block_size, model.block_size))
     else:
-        params = gpt.init(jax.random.fold_in(key, 0), model)
+        params = gpt.init(jax.random.fold_in(key, 0), model)  # resume: the template the checkpoint fills
     optimizer = make_optimizer(cfg)
     loss_scale = optim.dynamic_loss_scale() if cfg.dtype == "float16" else optim.NoLossScale()
     state = optim.init_train_state(params, optimizer, jax.random.fold_in(key, 1), loss_scale=loss_scale)

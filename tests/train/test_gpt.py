@@ -132,3 +132,18 @@ def test_weight_decay_reaches_matmul_weights_and_embeddings_only():
     assert sorted(p for p, on in mask.items() if on) == [
         "blocks.attn.proj.w", "blocks.attn.qkv.w", "blocks.mlp.fc.w", "blocks.mlp.proj.w", "wpe.w", "wte.w",
     ]  # fmt: skip
+
+
+def test_init_from_a_hugging_face_directory_fine_tunes_it(tmp_path, corpus):
+    """--init_from=<dir> loads GPT-2-layout weights (written here by models.gpt_hf.save) and trains them."""
+    import jax
+
+    from models import gpt, gpt_hf
+
+    config = gpt.GPTConfig(block_size=32, vocab_size=128, n_layer=2, n_head=2, n_embd=32, bias=True, gelu="tanh")
+    gpt_hf.save(gpt.init(jax.random.key(0), config), config, tmp_path / "hf")
+    out = finish(run_gpt([*TINY, f"--dataset={corpus}", f"--init_from={tmp_path / 'hf'}", "--out_dir=ft",
+                          "--max_iters=4", "--eval_interval=1000"], tmp_path))  # fmt: skip
+    params, info = checkpoint.restore(tmp_path / "ft" / "ckpt_00000004.msgpack", subtree="params")
+    assert info.config["model"]["vocab_size"] == 128 and info.config["model"]["gelu"] == "tanh", out
+    assert params["wte"]["w"].shape == (128, 32)
