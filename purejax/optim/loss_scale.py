@@ -47,17 +47,21 @@ class NoLossScale(NamedTuple):
         return self
 
 
+def _times(tree: PyTree, factor: Float[Array, ""]) -> PyTree:
+    """Every leaf of `tree` multiplied by the scalar `factor`."""
+    return jax.tree_util.tree_map(lambda x: x * factor, tree)
+
+
 class StaticLossScale(NamedTuple):
     """A fixed scale, e.g. 2**10 for a model whose gradient range is known."""
 
     loss_scale: Float[Array, ""]
 
     def scale(self, tree: PyTree) -> PyTree:
-        return jax.tree_util.tree_map(lambda x: x * self.loss_scale, tree)
+        return _times(tree, self.loss_scale)
 
     def unscale(self, tree: PyTree) -> PyTree:
-        inverse = 1 / self.loss_scale
-        return jax.tree_util.tree_map(lambda x: x * inverse, tree)
+        return _times(tree, 1 / self.loss_scale)
 
     def adjust(self, grads_finite: Bool[Array, ""]) -> "StaticLossScale":
         return self
@@ -73,11 +77,10 @@ class DynamicLossScale(NamedTuple):
     min_loss_scale: Float[Array, ""]
 
     def scale(self, tree: PyTree) -> PyTree:
-        return jax.tree_util.tree_map(lambda x: x * self.loss_scale, tree)
+        return _times(tree, self.loss_scale)
 
     def unscale(self, tree: PyTree) -> PyTree:
-        inverse = 1 / self.loss_scale
-        return jax.tree_util.tree_map(lambda x: x * inverse, tree)
+        return _times(tree, 1 / self.loss_scale)
 
     def adjust(self, grads_finite: Bool[Array, ""]) -> "DynamicLossScale":
         """The scale for the next step, after a step whose gradients were finite or not."""
