@@ -254,8 +254,10 @@ def flops(fn: Callable, *args: Any, **kwargs: Any) -> float:
 
 
 def _human_bytes(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    """`n` bytes in decimal units: "512 B", "1.5 KB", ..., "2048.0 GB"."""
+    if n < 1000:
+        return f"{n} B"
+    for unit in ("KB", "MB", "GB"):
         n /= 1000
-    return f"{n:.1f} TB"
+        if n < 1000 or unit == "GB":
+            return f"{n:.1f} {unit}"

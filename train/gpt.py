@@ -25,7 +25,6 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from models import gpt
 from purejax import checkpoint, optim

@@ -7,7 +7,6 @@ nn.Linear stores the transpose.
 
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 

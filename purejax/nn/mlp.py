@@ -6,7 +6,6 @@ params: {"fc": linear (d_in, d_hidden), "proj": linear (d_hidden, d_out)}; the n
 from collections.abc import Callable
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from purejax.nn import attention, dropout, initializers
+from purejax.nn import attention, initializers
 from purejax.nn.attention import AttentionConfig
 
 B, T, D = 2, 6, 16
