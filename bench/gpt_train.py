@@ -75,6 +75,7 @@ CASES = {
     "tiny": Case(_config(2, 2, 32, 32), batch=8, repeats=9, sample_seconds=0.1),  # dispatch-bound
     "baby": Case(_config(4, 4, 128, 64), batch=12, repeats=7, sample_seconds=0.25),  # nanoGPT's CPU config
     "small": Case(_config(6, 6, 384, 256), batch=4, repeats=3, sample_seconds=None),  # shakespeare-char shaped
+    "gpt2": Case(_config(12, 12, 768, 1024), batch=8, repeats=5, sample_seconds=None),  # GPT-2 124M shaped; GPUs
 }
 PEERS = ("purejax", "purejax-loop", "raw", "raw-scan", "nnx", "nnx-tree", "nnx-split", "equinox", "torch",
          "torch-compile")  # fmt: skip
@@ -403,7 +404,7 @@ def torch_model(weights, config):
             self.ln_f = nn.LayerNorm(c.n_embd, bias=False)
 
         def forward(self, idx, targets):
-            x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+            x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
             for block in self.blocks:
                 x = block(x)
             logits = F.linear(self.ln_f(x), self.wte.weight)  # the tied head
@@ -422,17 +423,19 @@ def torch_model(weights, config):
 
 
 def make_torch(weights, config, x, y, compile=False):
-    """nanoGPT's train.py loop body: set the lr, loss.backward(), clip_grad_norm_, AdamW step."""
+    """nanoGPT's train.py loop body: set the lr, loss.backward(), clip_grad_norm_, AdamW step. On the GPU when
+    JAX runs on one (then each step ends with a synchronize, so the timer sees the GPU's work)."""
     import torch
 
     torch.set_num_threads(2)
-    model = torch_model(weights, config)
+    device = "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+    model = torch_model(weights, config).to(device)
     params = list(model.parameters())
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": TRAIN.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]  # fmt: skip
     opt = torch.optim.AdamW(groups, lr=TRAIN.learning_rate, betas=(TRAIN.beta1, TRAIN.beta2))
     forward = torch.compile(model) if compile else model
-    x, y = torch.from_numpy(np.asarray(x, np.int64)), torch.from_numpy(np.asarray(y, np.int64))
+    x, y = (torch.from_numpy(np.asarray(a, np.int64)).to(device) for a in (x, y))
     it = 0
 
     def step():
@@ -445,6 +448,8 @@ def make_torch(weights, config, x, y, compile=False):
         opt.step()
         opt.zero_grad(set_to_none=True)
         it += 1
+        if device == "cuda":
+            torch.cuda.synchronize()
         return loss.detach()
 
     return step
@@ -543,6 +548,8 @@ def main(argv=None):
         if unknown:
             parser.error(f"unknown {kind} {', '.join(unknown)}; valid: {', '.join(valid)}")
 
+    if jax.default_backend() == "gpu":  # float32 as torch computes it by default: no TensorFloat-32 matmuls
+        jax.config.update("jax_default_matmul_precision", "highest")
     start = time.perf_counter()
     rates = [run.measure_matmul_flops() for _ in range(3)]
     load = os.getloadavg()[0]
