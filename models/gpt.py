@@ -13,23 +13,35 @@ There is no "lm_head": the output head is the token embedding transposed (weight
 The blocks run under `lax.scan` (one traced block whatever the depth) or, with `layers="loop"`, as a Python
 loop; both compute the same thing. Dropout is on when `apply` gets a key. `generate` decodes with a key/value
 cache under one `lax.scan`, so producing any number of tokens compiles once.
+
+Several devices. `apply`, `hidden` and `loss` take `axes` (a `purejax.parallel.MeshAxes`; None is one device)
+and then run inside `jax.shard_map` on this device's shards, issuing their own collectives: the batch split
+over `axes.data` (the loss averaged over it); heads, MLP units and vocabulary split over `axes.model`
+(Megatron-LM: attention and mlp psum their row-parallel outputs, the embedding and the cross-entropy are
+vocab-parallel, so the logits are never gathered); with `axes.fsdp`, params also split over `axes.data` and
+all-gathered before use, one block at a time inside the scan. `SHARDING_RULES` and `param_specs` say who holds
+what; docs/parallelism.md draws it.
 """
 
 import dataclasses
+import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, ArrayLike, Float, Int, Integer, PRNGKeyArray
 
-from purejax import losses, sampling
+from purejax import losses, parallel, sampling
 from purejax import random as prandom
 from purejax import tree as tree_lib
 from purejax.nn import activations, attention, dropout, embedding, initializers, layer_norm, mlp, stack
 from purejax.nn import check_keys
+from purejax.parallel import MODEL, MeshAxes
 
 Params = dict[str, Any]
 Cache = dict[str, Array]
@@ -115,25 +127,80 @@ def init(key: PRNGKeyArray, config: GPTConfig) -> Params:
     }
 
 
+# ---------------------------------------------------------------- who holds what on a mesh
+
+# Megatron-LM's layout (Shoeybi et al. 2019), rows read top down, first match wins. MODEL is the role of the
+# tensor-parallel axis (None when it is off). Leaves under "blocks" have a leading layer axis, never split.
+SHARDING_RULES: tuple[tuple[str, P], ...] = (
+    (r"wte\.w", P(MODEL, None)),  # vocab-parallel embedding and tied head: rows split
+    (r"blocks\.attn\.qkv\.w", P(None, None, MODEL)),  # column-parallel: whole groups of heads per device
+    (r"blocks\.attn\.qkv\.b", P(None, MODEL)),
+    (r"blocks\.attn\.proj\.w", P(None, MODEL, None)),  # row-parallel: psum, then the replicated bias
+    (r"blocks\.mlp\.fc\.w", P(None, None, MODEL)),  # column-parallel
+    (r"blocks\.mlp\.fc\.b", P(None, MODEL)),
+    (r"blocks\.mlp\.proj\.w", P(None, MODEL, None)),  # row-parallel
+    (r".*", P()),  # wpe, LayerNorms, the row-parallel biases: replicated
+)
+
+
+@functools.cache
+def _shapes(config: GPTConfig) -> Params:
+    """The params' global shapes (ShapeDtypeStructs), traced once per config."""
+    return jax.eval_shape(partial(init, config=config), jax.random.key(0))
+
+
+def param_specs(config: GPTConfig, axes: MeshAxes, axis_sizes: Mapping[str, int]) -> Params:
+    """A PartitionSpec for every param of a GPT with `config` run under `axes` on a mesh with these axis sizes
+    (`mesh.shape`): `SHARDING_RULES`, plus the data axis on every matrix with `axes.fsdp`
+    (`purejax.parallel.fsdp_specs`). Raises if a split would be uneven, naming the size to change."""
+    tp = axis_sizes[axes.model] if axes.model is not None else 1
+    for name, value in (("n_head", config.n_head), ("vocab_size", config.vocab_size)):
+        if value % tp:
+            hint = " (the training program pads it up to a multiple of tp)" if name == "vocab_size" else ""
+            raise ValueError(
+                f"gpt: {name}={value} cannot be split over the {tp} devices of tensor-parallel axis "
+                f"{axes.model!r}; tensor parallelism needs {name} divisible by {tp}{hint}"
+            )
+    shapes = _shapes(config)
+    specs = parallel.specs_from_rules(shapes, SHARDING_RULES, {MODEL: axes.model})
+    if axes.fsdp:
+        specs = parallel.fsdp_specs(shapes, specs, axes.data, axis_sizes[axes.data], stacked=("blocks",))
+    parallel.check_divisible(shapes, specs, axis_sizes)
+    return specs
+
+
+def _specs_inside(config: GPTConfig, axes: MeshAxes) -> Params:
+    """`param_specs` from inside `shard_map`, where the axis sizes are known to `jax.lax.axis_size`."""
+    sizes = {name: jax.lax.axis_size(name) for name in (axes.data, axes.model) if name is not None}
+    return param_specs(config, axes, sizes)
+
+
+# ---------------------------------------------------------------- the model
+
+
 def block(
     params: Params,
     x: Float[Array, "batch seq d_model"],
     config: GPTConfig,
     key: PRNGKeyArray | None = None,
     cache: Cache | None = None,
+    axes: MeshAxes = MeshAxes(),
 ) -> tuple[Float[Array, "batch seq d_model"], Cache | None]:
     """One pre-LayerNorm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)). Returns the new x and
-    this layer's new cache (None without one)."""
+    this layer's new cache (None without one). Under tensor parallelism x is replicated over `axes.model`;
+    attention and mlp each end with one psum over it."""
     keys = prandom.named_keys(key, "attn", "mlp") if key is not None else {"attn": None, "mlp": None}
     h = layer_norm.apply(params["ln_1"], x)
     if cache is None:
-        x = x + attention.apply(params["attn"], h, config.attention, key=keys["attn"])
+        x = x + attention.apply(params["attn"], h, config.attention, key=keys["attn"], axis_name=axes.model)
     else:
         a, cache = attention.apply(params["attn"], h, config.attention, cache=cache, key=keys["attn"])
         x = x + a
     gelu = activations.gelu if config.gelu == "exact" else activations.gelu_tanh
     h = layer_norm.apply(params["ln_2"], x)
-    x = x + mlp.apply(params["mlp"], h, activation=gelu, dropout_rate=config.dropout, key=keys["mlp"])
+    x = x + mlp.apply(
+        params["mlp"], h, activation=gelu, dropout_rate=config.dropout, key=keys["mlp"], axis_name=axes.model
+    )
     return x, cache
 
 
@@ -144,18 +211,57 @@ def hidden(
     *,
     key: PRNGKeyArray | None = None,
     cache: Cache | None = None,
+    axes: MeshAxes | None = None,
 ) -> tuple[Float[Array, "batch seq d_model"], Cache | None]:
     """Token ids to the final LayerNorm's output (the input of the tied head), and the new cache.
 
-    With a cache, the tokens sit at positions [index, index + seq), index being how many it already holds."""
-    _check_inputs(params, idx, config, cache)
+    With a cache, the tokens sit at positions [index, index + seq), index being how many it already holds.
+    With `axes`, inside `shard_map`: this device's shards of the params and of the batch (see the module
+    docstring); the output is replicated over `axes.model`."""
+    params, specs, axes = _prepare(params, idx, config, cache, axes)
+    return _hidden(params, specs, idx, config, key, cache, axes)
+
+
+def _prepare(params: Params, idx: Any, config: GPTConfig, cache: Cache | None, axes: MeshAxes | None) -> tuple:
+    """Checks the inputs; with data parallelism, casts the replicated params to varying over the data axis
+    (whose transpose sums their gradients); with FSDP, all-gathers the params used once per step (wte, wpe,
+    ln_f) and leaves the blocks to be gathered one at a time inside the scan. Returns (params, their specs or
+    None, axes)."""
+    axes = MeshAxes() if axes is None else axes
+    sharded = axes != MeshAxes()
+    if sharded and cache is not None:
+        raise ValueError(f"gpt: decoding with a cache runs on one device; got axes={axes}")
+    specs = _specs_inside(config, axes) if sharded else None
+    _check_inputs(params, idx, config, cache, specs)
+    if axes.data is not None:  # the data-parallel gradient all-reduce: one per param (purejax/parallel/data.py)
+        params = parallel.vary(params, specs, axes.data)
+    if axes.fsdp:
+        top = {name: value for name, value in params.items() if name != "blocks"}
+        top = parallel.gather(top, {name: specs[name] for name in top}, axes.data)
+        params = {**top, "blocks": params["blocks"]}
+    return params, specs, axes
+
+
+def _hidden(
+    params: Params, specs: Params | None, idx: Any, config: GPTConfig, key: Any, cache: Any, axes: MeshAxes
+) -> tuple[Array, Cache | None]:
     dropout_on = key is not None and config.dropout > 0
+    if dropout_on and axes.data is not None:
+        # Each data shard holds other examples, so it needs masks of its own; over the model axis the key
+        # stays the same, so the replicated activations get the same mask on every device that holds them.
+        key = jax.random.fold_in(key, jax.lax.axis_index(axes.data))
     keys = prandom.named_keys(key, "embd", "blocks") if dropout_on else {"embd": None}
     start = 0 if cache is None else cache["index"][0]  # every layer has written the same number of positions
     positions = start + jnp.arange(idx.shape[1])
     # A position past the table (a cache written beyond block_size) looks up NaNs: wrong output is visible.
-    x = embedding.apply(params["wte"], idx) + embedding.apply(params["wpe"], positions)
+    x = embedding.apply(params["wte"], idx, axis_name=axes.model) + embedding.apply(params["wpe"], positions)
     x = dropout.apply(x, config.dropout, keys["embd"])
+
+    def layer(p, x, key=None, cache=None):
+        return block(p, x, config, key, cache, axes)
+
+    if axes.fsdp:  # ZeRO-3: gather one block's params, use them, drop them; gather again for the backward pass
+        layer = _gathered_layer(layer, parallel.layer_specs(specs["blocks"]), axes.data)
 
     per_layer = {}  # what each layer gets of its own: a dropout key, its slice of the cache
     if dropout_on:
@@ -164,10 +270,23 @@ def hidden(
         per_layer["cache"] = cache
     run = stack.scan if config.layers == "scan" else _loop
     if per_layer:
-        x, cache = run(lambda p, x, xs: block(p, x, config, **xs), params["blocks"], x, xs=per_layer)
+        x, cache = run(lambda p, x, xs: layer(p, x, **xs), params["blocks"], x, xs=per_layer)
     else:
-        x = run(lambda p, x: block(p, x, config)[0], params["blocks"], x)
+        x = run(lambda p, x: layer(p, x)[0], params["blocks"], x)
     return layer_norm.apply(params["ln_f"], x), cache
+
+
+def _gathered_layer(layer: Any, specs: Params, axis: str) -> Any:
+    """`layer` on its params all-gathered over `axis` first, under `jax.checkpoint`: nothing of the block is
+    kept for the backward pass, which gathers the params again and recomputes the block, so only one block's
+    whole params exist at a time (ZeRO-3 with activation checkpointing). AD turns each all_gather into a
+    psum_scatter of the gradient (purejax/parallel/fsdp.py). A finer policy that saved every activation but the
+    gathered params let XLA:CPU keep the gathered params of every layer alive instead (jax 0.10.2)."""
+
+    def gathered(p, x, key=None, cache=None):
+        return layer(parallel.gather(p, specs, axis), x, key, cache)
+
+    return jax.checkpoint(gathered, policy=jax.checkpoint_policies.nothing_saveable)
 
 
 def _loop(block_apply, blocks: Params, x: Array, **kwargs) -> Any:
@@ -182,10 +301,13 @@ def apply(
     *,
     key: PRNGKeyArray | None = None,
     cache: Cache | None = None,
+    axes: MeshAxes | None = None,
 ) -> Float[Array, "batch seq vocab"] | tuple[Float[Array, "batch seq vocab"], Cache]:
     """Logits for every position. With a `key`, dropout is on (training). With a `cache` (from `init_cache`),
-    returns `(logits, new_cache)`: the tokens are appended to the cached ones (incremental decoding)."""
-    h, new_cache = hidden(params, idx, config, key=key, cache=cache)
+    returns `(logits, new_cache)`: the tokens are appended to the cached ones (incremental decoding).
+    With `axes` (inside `shard_map`), this device's slice of the vocabulary under tensor parallelism."""
+    params, specs, axes = _prepare(params, idx, config, cache, axes)
+    h, new_cache = _hidden(params, specs, idx, config, key, cache, axes)
     logits = embedding.attend(params["wte"], h)  # the tied head
     return logits if cache is None else (logits, new_cache)
 
@@ -195,12 +317,18 @@ def loss(
     batch: tuple[Integer[ArrayLike, "batch seq"], Integer[ArrayLike, "batch seq"]],
     config: GPTConfig,
     key: PRNGKeyArray | None = None,
+    *,
+    axes: MeshAxes | None = None,
 ) -> Float[Array, ""]:
     """Mean next-token cross-entropy of `(idx, targets)`, in float32; targets of -1 are ignored and not
-    counted (nanoGPT's `ignore_index=-1`)."""
+    counted (nanoGPT's `ignore_index=-1`). With `axes`, the mean over the whole batch, all data shards
+    together (its gradient needs no further averaging; purejax/parallel/step.py says why), from the
+    vocab-parallel logits without gathering them."""
+    axes = MeshAxes() if axes is None else axes
     idx, targets = batch
-    per_token = losses.cross_entropy(apply(params, idx, config, key=key), targets, ignore_index=-1)
-    return losses.masked_mean(per_token, jnp.asarray(targets) != -1)
+    logits = apply(params, idx, config, key=key, axes=axes)
+    per_token = losses.cross_entropy(logits, targets, ignore_index=-1, axis_name=axes.model)
+    return losses.masked_mean(per_token, jnp.asarray(targets) != -1, axis_name=axes.data)
 
 
 # ---------------------------------------------------------------- incremental decoding
@@ -325,7 +453,7 @@ def estimate_mfu(config: GPTConfig, tokens_per_second: float | int, peak_flops: 
 # ---------------------------------------------------------------- checks
 
 
-def _check_inputs(params: Params, idx: Any, config: GPTConfig, cache: Cache | None) -> None:
+def _check_inputs(params: Params, idx: Any, config: GPTConfig, cache: Cache | None, specs: Params | None) -> None:
     """Trace-time checks (free under jit) that name what does not fit: the ids, the params, the cache."""
     check_keys(params, "gpt", required=("wte", "wpe", "blocks", "ln_f"))
     if not jnp.issubdtype(idx.dtype, jnp.integer):
@@ -336,6 +464,19 @@ def _check_inputs(params: Params, idx: Any, config: GPTConfig, cache: Cache | No
             f"gpt: cannot forward a sequence of length {seq}, block_size is only {config.block_size}; "
             f"crop the input to its last {config.block_size} tokens"
         )
+    if specs is not None:  # on a mesh: every leaf must be this device's shard of the param
+        sizes = {name: jax.lax.axis_size(name) for spec in jax.tree.leaves(specs) for name in spec if name}
+        local = jax.tree.map(
+            lambda s, spec: jax.ShapeDtypeStruct(parallel.local_shape(s.shape, spec, sizes), s.dtype), _shapes(config), specs
+        )
+        report = tree_lib.diff(params, local, check_dtype=False)
+        if not report.ok:
+            raise tree_lib.TreeMismatchError(
+                report.format("gpt params (this device's shards, as param_specs(config, axes, mesh.shape) says)")
+                + "\nwere they placed with parallel.shard(params, param_specs(...), mesh) and passed through "
+                "shard_map with those specs?"
+            )
+        return
     want = {"wte.w": (config.vocab_size, config.n_embd), "wpe.w": (config.block_size, config.n_embd)}
     got = {name: tuple(tree_lib.subtree(params, name).shape) for name in want}
     depth = stack.depth(params["blocks"], "params['blocks']")

@@ -4,10 +4,12 @@
     gpt_hf.save(params, config, "path/to/export")          # loadable by transformers' GPT2LMHeadModel
 
 The mapping between the two layouts is the table `WEIGHTS` below, one row per tensor: the Hugging Face
-name, with `{i}` standing for a layer index, and our dotted param path. Rows with `{i}` gather the n_layer
-per-layer tensors into one array stacked on the leading axis of params["blocks"] (and split it on export).
-No row needs a transform: Hugging Face's GPT-2 uses Conv1D, which stores weights as (in, out) like
-purejax.nn.linear, and its fused c_attn has the (q | k | v) column layout of purejax.nn.attention's qkv.
+name, with `{i}` standing for a layer index, our dotted param path, and the transform between the two
+(None: the same array). Rows with `{i}` gather the n_layer per-layer tensors into one array stacked on the
+leading axis of params["blocks"] (and split it on export). Hugging Face's GPT-2 uses Conv1D, which stores
+weights as (in, out) like purejax.nn.linear, so only one transform exists: `QKV`, a column permutation,
+because c_attn's columns are [all q | all k | all v] and purejax.nn.attention's qkv groups them per head,
+[q_0 k_0 v_0 | q_1 k_1 v_1 | ...], so that tensor parallelism can split them (see that module).
 
 Checkpoints differ in small ways, all handled by the tables rather than special cases: names may carry a
 `transformer.` prefix (saved from GPT2LMHeadModel) or not (GPT2Model); older files store the causal-mask
@@ -22,7 +24,8 @@ import re
 from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -31,25 +34,45 @@ import numpy as np
 from models import gpt
 from purejax import safetensors
 from purejax import tree as tree_lib
+from purejax.nn import attention
 
-WEIGHTS: tuple[tuple[str, str], ...] = (
-    # (Hugging Face GPT-2 name, purejax path)
-    ("wte.weight", "wte.w"),
-    ("wpe.weight", "wpe.w"),
-    ("h.{i}.ln_1.weight", "blocks.ln_1.scale"),
-    ("h.{i}.ln_1.bias", "blocks.ln_1.bias"),
-    ("h.{i}.attn.c_attn.weight", "blocks.attn.qkv.w"),
-    ("h.{i}.attn.c_attn.bias", "blocks.attn.qkv.b"),
-    ("h.{i}.attn.c_proj.weight", "blocks.attn.proj.w"),
-    ("h.{i}.attn.c_proj.bias", "blocks.attn.proj.b"),
-    ("h.{i}.ln_2.weight", "blocks.ln_2.scale"),
-    ("h.{i}.ln_2.bias", "blocks.ln_2.bias"),
-    ("h.{i}.mlp.c_fc.weight", "blocks.mlp.fc.w"),
-    ("h.{i}.mlp.c_fc.bias", "blocks.mlp.fc.b"),
-    ("h.{i}.mlp.c_proj.weight", "blocks.mlp.proj.w"),
-    ("h.{i}.mlp.c_proj.bias", "blocks.mlp.proj.b"),
-    ("ln_f.weight", "ln_f.scale"),
-    ("ln_f.bias", "ln_f.bias"),
+class Transform(NamedTuple):
+    """A pair of inverse functions `(array, config) -> array` between a Hugging Face tensor and ours."""
+
+    from_hf: Callable[[np.ndarray, gpt.GPTConfig], np.ndarray]
+    to_hf: Callable[[np.ndarray, gpt.GPTConfig], np.ndarray]
+
+
+def qkv_from_hf(x: np.ndarray, config: gpt.GPTConfig) -> np.ndarray:
+    """c_attn's [q | k | v] columns (last axis) in purejax.nn.attention's per-head grouped order."""
+    return x[..., attention.qkv_permutation(config.attention)]
+
+
+def qkv_to_hf(x: np.ndarray, config: gpt.GPTConfig) -> np.ndarray:
+    """The inverse of `qkv_from_hf`."""
+    return x[..., np.argsort(attention.qkv_permutation(config.attention))]
+
+
+QKV = Transform(qkv_from_hf, qkv_to_hf)
+
+WEIGHTS: tuple[tuple[str, str, Transform | None], ...] = (
+    # (Hugging Face GPT-2 name, purejax path, transform)
+    ("wte.weight", "wte.w", None),
+    ("wpe.weight", "wpe.w", None),
+    ("h.{i}.ln_1.weight", "blocks.ln_1.scale", None),
+    ("h.{i}.ln_1.bias", "blocks.ln_1.bias", None),
+    ("h.{i}.attn.c_attn.weight", "blocks.attn.qkv.w", QKV),
+    ("h.{i}.attn.c_attn.bias", "blocks.attn.qkv.b", QKV),
+    ("h.{i}.attn.c_proj.weight", "blocks.attn.proj.w", None),
+    ("h.{i}.attn.c_proj.bias", "blocks.attn.proj.b", None),
+    ("h.{i}.ln_2.weight", "blocks.ln_2.scale", None),
+    ("h.{i}.ln_2.bias", "blocks.ln_2.bias", None),
+    ("h.{i}.mlp.c_fc.weight", "blocks.mlp.fc.w", None),
+    ("h.{i}.mlp.c_fc.bias", "blocks.mlp.fc.b", None),
+    ("h.{i}.mlp.c_proj.weight", "blocks.mlp.proj.w", None),
+    ("h.{i}.mlp.c_proj.bias", "blocks.mlp.proj.b", None),
+    ("ln_f.weight", "ln_f.scale", None),
+    ("ln_f.bias", "ln_f.bias", None),
 )
 IGNORED: tuple[str, ...] = ("h.{i}.attn.bias", "h.{i}.attn.masked_bias")  # causal-mask buffers, not weights
 TIED_HEAD = "lm_head.weight"
@@ -120,7 +143,7 @@ def expected_shapes(config: gpt.GPTConfig) -> dict[str, jax.ShapeDtypeStruct]:
     """Every tensor a GPT-2 file for `config` must hold, by Hugging Face name (no prefix), with its shape."""
     ours = tree_lib.flatten(jax.eval_shape(partial(gpt.init, config=config), jax.random.key(0)))
     out = {}
-    for hf_name, path in WEIGHTS:
+    for hf_name, path, _ in WEIGHTS:
         if "{i}" in hf_name:
             per_layer = jax.ShapeDtypeStruct(ours[path].shape[1:], ours[path].dtype)
             out.update({hf_name.format(i=i): per_layer for i in range(config.n_layer)})
@@ -154,11 +177,12 @@ def from_hf(
         return jnp.asarray(x, dtype)
 
     flat = {}
-    for hf_name, path in WEIGHTS:
+    for hf_name, path, transform in WEIGHTS:
         if "{i}" in hf_name:
-            flat[path] = convert(np.stack([tensors[hf_name.format(i=i)] for i in range(config.n_layer)]))
+            array = np.stack([np.asarray(tensors[hf_name.format(i=i)]) for i in range(config.n_layer)])
         else:
-            flat[path] = convert(tensors[hf_name])
+            array = np.asarray(tensors[hf_name])
+        flat[path] = convert(array if transform is None else transform.from_hf(array, config))
     return tree_lib.unflatten(flat)
 
 
@@ -169,8 +193,9 @@ def to_hf(params: gpt.Params, config: gpt.GPTConfig, *, prefix: str = PREFIX) ->
     tree_lib.assert_like(params, expected, "params", check_dtype=False)
     flat = tree_lib.flatten(params)
     out = {}
-    for hf_name, path in WEIGHTS:
+    for hf_name, path, transform in WEIGHTS:
         array = np.asarray(flat[path])
+        array = array if transform is None else transform.to_hf(array, config)
         if "{i}" in hf_name:
             out.update({prefix + hf_name.format(i=i): array[i] for i in range(config.n_layer)})
         else:

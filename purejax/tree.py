@@ -130,22 +130,36 @@ def cast_floating(tree: PyTree, dtype: Any) -> PyTree:
     return jax.tree_util.tree_map(cast, tree)
 
 
-def global_norm(tree: PyTree, axis_name: Any = None) -> Float[Array, ""]:
+def global_norm(tree: PyTree, axis_name: Any = None, *, specs: PyTree = None) -> Float[Array, ""]:
     """sqrt of the sum of squares of every element of every leaf, accumulated in float32 (at least).
 
     The same quantity as `optax.global_norm` and torch's `clip_grad_norm_` total norm (p=2).
 
-    `axis_name` (a mesh axis name or a tuple of them) is for use inside `shard_map` when every device holds a
-    shard of each leaf: the local sums of squares are `psum`-med over those axes before the square root, so
-    every device gets the norm of the whole tree. Leave it None on one device or for replicated leaves."""
+    Inside `shard_map`, where each device holds only shards of some leaves, say which:
+        axis_name: a mesh axis name (or a tuple of them) that *every* leaf is split over.
+        specs: a tree with the structure of `tree` whose leaves are `PartitionSpec`s: each leaf's local sum
+            of squares is `psum`-med over the mesh axes its spec names, and only those. A replicated leaf
+            (`P()`) is not reduced at all: every device already holds all of it, and a psum would count it
+            once per device.
+    Every device then gets the norm of the whole tree. Leave both None on one device."""
+    if axis_name is not None and specs is not None:
+        raise ValueError("global_norm: give axis_name (every leaf split over the same axes) or specs (per leaf), not both")
     leaves = jax.tree_util.tree_leaves(tree)
     if not leaves:
         return jnp.zeros((), jnp.float32)
-    squares = [jnp.sum(jnp.square(jnp.abs(x).astype(jnp.promote_types(x.real.dtype, jnp.float32)))) for x in leaves]
-    total = sum(squares)
-    if axis_name is not None:
-        total = jax.lax.psum(total, axis_name)
-    return jnp.sqrt(total)
+
+    def sum_of_squares(x):
+        return jnp.sum(jnp.square(jnp.abs(x).astype(jnp.promote_types(x.real.dtype, jnp.float32))))
+
+    if specs is None:
+        total = sum(sum_of_squares(x) for x in leaves)
+        return jnp.sqrt(total if axis_name is None else jax.lax.psum(total, axis_name))
+    spec_leaves = jax.tree_util.tree_structure(tree).flatten_up_to(specs)
+    by_axes: dict[tuple[str, ...], Any] = {}  # one psum per distinct set of axes, not one per leaf
+    for x, spec in zip(leaves, spec_leaves):
+        axes = tuple(sorted({a for entry in spec if entry is not None for a in ((entry,) if isinstance(entry, str) else entry)}))
+        by_axes[axes] = by_axes.get(axes, 0.0) + sum_of_squares(x)
+    return jnp.sqrt(sum(jax.lax.psum(part, axes) if axes else part for axes, part in by_axes.items()))
 
 
 def describe(x: Any) -> str:

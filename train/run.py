@@ -71,20 +71,24 @@ class MetricsLog:
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
 
 
-def progress(total: int, initial: int = 0, enabled: bool = True, desc: str = "train"):
+def progress(total: int, initial: int = 0, enabled: bool = True, desc: str = "train", quiet: bool = False):
     """A tqdm bar when tqdm is installed (the examples extra) and `enabled`, else a stand-in that prints
-    nothing; both take `.update(n)`, `.set_postfix_str(s)`, `.write(s)` and `.close()`."""
-    if enabled:
+    nothing but the lines given to `.write` (nothing at all when `quiet`: the processes of a multi-process
+    run other than the main one); both take `.update(n)`, `.set_postfix_str(s)`, `.write(s)` and `.close()`."""
+    if enabled and not quiet:
         try:
             from tqdm import tqdm
 
             return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, file=sys.stdout)
         except ImportError:
             pass
-    return _NoBar()
+    return _NoBar(quiet)
 
 
 class _NoBar:
+    def __init__(self, quiet: bool = False):
+        self.quiet = quiet
+
     def update(self, n: int = 1) -> None:
         pass
 
@@ -92,7 +96,8 @@ class _NoBar:
         pass
 
     def write(self, s: str) -> None:
-        print(s, flush=True)
+        if not self.quiet:
+            print(s, flush=True)
 
     def close(self) -> None:
         pass

@@ -5,11 +5,16 @@ returned array: on the CPU `jax.device_put` adopts an aligned numpy buffer witho
 `np.empty` is only 16-byte aligned, and jax would copy it), so restoring needs about 1.0x the data.
 
 Verification: the header has its own CRC32 and is bounded in size; every length is checked against the file
-size before anything is allocated; every record's framing and CRC32 are checked as it is read (the CRC of
-one chunk is computed on a second thread while the next is read). Any failure is a CheckpointError naming
-the file, the leaf and what was wrong. Nothing is unpickled and nothing from the file is imported or run.
+size before anything is allocated; every record's framing and CRC32 are checked as it is read.
+
+Any failure is a CheckpointError naming the file, the leaf and what was wrong. Nothing is unpickled and
+nothing from the file is imported or run.
+
+Speed: 16 threads read spans of the records in parallel with `pread`, each checksumming what it read while
+it is in the CPU's cache; the spans' CRCs are combined into each record's (see `_read_leaves`).
 """
 
+import collections
 import functools
 import os
 import sys
@@ -26,11 +31,14 @@ import numpy as np
 from purejax import tree as tree_lib
 from purejax.checkpoint import format as fmt
 from purejax.checkpoint import nodes
+from purejax.checkpoint.crc import crc32_combine
 from purejax.checkpoint.format import CheckpointError, CheckpointInfo, LeafInfo
 
 PyTree = Any
 _ALIGNMENT = 64
-_THREADED_CRC_BYTES = 2**20
+_READ_THREADS = 16  # reads in flight at once
+_SPAN_BYTES = 8 * 2**20  # what one thread reads at a time
+_PIECE_BYTES = 512 * 2**10  # read, then checksummed while in the CPU's cache
 _PREFETCH_BYTES = 256 * 2**20
 
 
@@ -205,43 +213,94 @@ def _read_leaves(f, info: CheckpointInfo, indices: Iterable[int]) -> Iterator[tu
     """`(i, array)` for the manifest entries `indices`, in file order, each read into its own aligned
     buffer and verified.
 
-    The kernel is asked to fetch the leaves up to `_PREFETCH_BYTES` ahead of the one being read
-    (`POSIX_FADV_WILLNEED`, an asynchronous readahead), so the disk keeps reading while this thread copies
-    and checksums: measured here, a cold read of a 1.5 GB file went from about 5 s to about 2-3.5 s."""
+    The reading is done by `_READ_THREADS` threads, each reading one span (`_SPAN_BYTES`) of a record
+    with `pread` straight into the leaf's buffer and checksumming it while it is still in the CPU's cache;
+    each record's CRC is then combined from its spans' CRCs (`crc32_combine`). Many reads in flight keep
+    a disk busy where one sequential reader waits on each request in turn: measured here (a virtual disk,
+    1.5 GB from a cold page cache), 5.0 s with one reader and readahead hints, 3.5 s with 4 threads, 2.2 s
+    with 16, 1.8 s with 32; safetensors' memory map 3.9-4.4 s in the same runs. Reading runs at most
+    `_PREFETCH_BYTES` ahead of the leaf being returned, so restoring onto an accelerator holds only that
+    much on the host at a time."""
     order = sorted(indices)
-    advised = 0  # leaves in `order` already handed to the kernel
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="purejax-crc") as pool:
-        for i in order:
-            horizon = info.leaves[i].offset + info.leaves[i].size_in_file + _PREFETCH_BYTES
-            while advised < len(order) and info.leaves[order[advised]].offset < horizon:
-                ahead = info.leaves[order[advised]]
-                if hasattr(os, "posix_fadvise"):
-                    os.posix_fadvise(f.fileno(), ahead.offset, ahead.size_in_file, os.POSIX_FADV_WILLNEED)
-                advised += 1
-            yield i, _read_leaf(f, info.path, info.leaves[i], info.chunk_bytes, pool)
+    queued, ahead = collections.deque(), 0  # leaves submitted and not yet returned, and their bytes
+    pool = ThreadPoolExecutor(max_workers=_READ_THREADS, thread_name_prefix="purejax-read")
+    try:
+        for n, i in enumerate(order, 1):
+            queued.append((i, *_submit_leaf(pool, f.fileno(), info, info.leaves[i])))
+            ahead += info.leaves[i].nbytes
+            while queued and (ahead > _PREFETCH_BYTES or n == len(order)):
+                j, buf, spans = queued.popleft()
+                ahead -= info.leaves[j].nbytes
+                yield j, _finish_leaf(info, info.leaves[j], buf, spans)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # after an error, skip the reads not yet started
 
 
-def _read_leaf(f, path: Path, leaf: LeafInfo, chunk_bytes: int, pool: ThreadPoolExecutor) -> np.ndarray:
-    buf = _aligned_empty(leaf.nbytes)
-    f.seek(leaf.offset)
-    checks, start = [], 0
-    for i, size in enumerate(fmt.chunk_sizes(leaf.nbytes, chunk_bytes)):
-        prefix = _read_upto(f, fmt.RECORD_PREFIX_SIZE)
-        if fmt.unpack_record_prefix(prefix) != size:
-            problem = f"record {i} should start with a msgpack bin 32 of {size} bytes, found {prefix.hex()}"
-            raise CheckpointError(path, f"{problem}: the file is corrupt", leaf=leaf.path)
-        chunk = buf[start : start + size]
-        if _readinto(f, chunk) < size:
-            raise CheckpointError(path, f"file is truncated inside record {i}", leaf=leaf.path)
-        checks.append(pool.submit(zlib.crc32, chunk) if size >= _THREADED_CRC_BYTES else zlib.crc32(chunk))
+def _submit_leaf(pool: ThreadPoolExecutor, fd: int, info: CheckpointInfo, leaf: LeafInfo) -> tuple[np.ndarray, list]:
+    """A new aligned buffer for `leaf` and, per record, the futures of its spans' `(length, CRC)`. The first
+    span of each record also checks the record's prefix."""
+    buf, spans = _aligned_empty(leaf.nbytes), []
+    offset, start = leaf.offset + fmt.RECORD_PREFIX_SIZE, 0  # the file offset and buffer index of a record's data
+    for record, size in enumerate(fmt.chunk_sizes(leaf.nbytes, info.chunk_bytes)):
+        futures = []
+        for begin in range(start, start + size, _SPAN_BYTES):
+            span = buf[begin : min(begin + _SPAN_BYTES, start + size)]
+            prefix = size if begin == start else None
+            where = (info.path, leaf.path, record)
+            futures.append(pool.submit(_read_span, fd, span, offset + begin - start, prefix, where))
+        spans.append(futures)
+        offset += size + fmt.RECORD_PREFIX_SIZE
         start += size
-    for i, (check, want) in enumerate(zip(checks, leaf.crc32)):
-        got = check if isinstance(check, int) else check.result()
+    return buf, spans
+
+
+def _read_span(fd: int, span: np.ndarray, offset: int, record_size: int | None, where: tuple) -> tuple[int, int]:
+    """Read `span` from `offset`; with `record_size`, also check the record prefix just before it. Returns
+    `(length, CRC-32)` of the span."""
+    path, leaf, record = where
+    if record_size is not None:
+        prefix = os.pread(fd, fmt.RECORD_PREFIX_SIZE, offset - fmt.RECORD_PREFIX_SIZE)
+        if fmt.unpack_record_prefix(prefix) != record_size:
+            problem = f"record {record} should start with a msgpack bin 32 of {record_size} bytes"
+            raise CheckpointError(path, f"{problem}, found {prefix.hex()}: the file is corrupt", leaf=leaf)
+    view, crc = memoryview(span).cast("B"), 0
+    for begin in range(0, len(view), _PIECE_BYTES):
+        piece = view[begin : begin + _PIECE_BYTES]
+        if _pread_into(fd, piece, offset + begin) < len(piece):
+            raise CheckpointError(path, f"file is truncated inside record {record}", leaf=leaf)
+        crc = zlib.crc32(piece, crc)  # right after the read, while the piece is in the cache
+    return len(view), crc
+
+
+def _finish_leaf(info: CheckpointInfo, leaf: LeafInfo, buf: np.ndarray, spans: list) -> np.ndarray:
+    """Wait for `leaf`'s spans, check each record's CRC-32, and return the buffer as the leaf's array."""
+    for record, (futures, want) in enumerate(zip(spans, leaf.crc32, strict=True)):
+        got = 0
+        for future in futures:
+            length, crc = future.result()
+            got = crc32_combine(got, crc, length)
         if got != want:
-            where = f"bytes {i * chunk_bytes:,}..{min((i + 1) * chunk_bytes, leaf.nbytes):,} (record {i})"
+            start = record * info.chunk_bytes
+            where = f"bytes {start:,}..{min(start + info.chunk_bytes, leaf.nbytes):,} (record {record})"
             problem = f"{where} fail their CRC32 check (stored {want:#010x}, computed {got:#010x})"
-            raise CheckpointError(path, f"{problem}: the file is corrupt", leaf=leaf.path)
+            raise CheckpointError(info.path, f"{problem}: the file is corrupt", leaf=leaf.path)
     return buf.view(fmt.DTYPES[leaf.dtype]).reshape(leaf.shape)
+
+
+def _pread_into(fd: int, view: memoryview, offset: int) -> int:
+    """Fill `view` from file offset `offset` (no shared file position, so threads may call it at once); the
+    number of bytes read, fewer only at the end of the file."""
+    got = 0
+    while got < len(view):
+        if hasattr(os, "preadv"):
+            n = os.preadv(fd, [view[got:]], offset + got)
+        else:  # Windows: no preadv; os.pread returns new bytes, copied in
+            part = os.pread(fd, len(view) - got, offset + got)
+            view[got : got + len(part)], n = part, len(part)
+        if not n:
+            break
+        got += n
+    return got
 
 
 def _aligned_empty(nbytes: int) -> np.ndarray:
@@ -259,9 +318,12 @@ def _untyped(array: np.ndarray, leaf: LeafInfo) -> Any:
 def _place(array: np.ndarray, leaf: LeafInfo, like: Any, cast: bool) -> Any:
     """`array` as the template leaf `like` wants it: on its devices with its sharding, or numpy, or a scalar."""
     if leaf.key_impl is not None:
-        keys = jax.random.wrap_key_data(array, impl=leaf.key_impl)
         sharding = getattr(like, "sharding", None)
-        return keys if sharding is None else jax.device_put(keys, sharding)
+        if sharding is None:
+            return _untyped(array, leaf)
+        # An index of the key array selects the same keys' data (the trailing key-data axes stay whole).
+        wrap = lambda index: jax.random.wrap_key_data(array[index], impl=leaf.key_impl)  # noqa: E731
+        return jax.make_array_from_callback(_abstract(leaf).shape, sharding, wrap)
     dtype = np.dtype(like.dtype) if hasattr(like, "dtype") else np.asarray(like).dtype
     if cast and array.dtype != dtype:
         array = array.astype(dtype)
@@ -287,14 +349,3 @@ def _read_upto(f, n: int) -> bytes:
         parts.append(part)
         got += len(part)
     return b"".join(parts)
-
-
-def _readinto(f, buf: np.ndarray) -> int:
-    """Fill `buf` from `f`; the number of bytes read (less than `buf.nbytes` only at the end of the file)."""
-    view, got = memoryview(buf).cast("B"), 0
-    while got < len(view):
-        n = f.readinto(view[got:])
-        if not n:
-            break
-        got += n
-    return got

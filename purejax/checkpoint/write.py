@@ -10,10 +10,13 @@ over the final name, and the directory is fsynced so that the rename itself surv
 any moment leaves the old file or the new one under the final name, never a torn one. Temporary names
 (`.NAME.PID-RANDOM.tmp`) start with a dot and end in `.tmp`; `CheckpointManager` removes leftovers.
 
-Speed: each chunk's CRC32 is computed on a second thread while the chunk is written (both release the GIL);
-the disk is told to start writing every 64 MiB rather than at the final fsync; and the header, written first
-with the checksums zeroed, is rewritten in place once they are known (it has a fixed length: every checksum
-is a 4-byte bin). The file is renamed into place only after that.
+Speed: each chunk is checksummed and written in pieces of 512 KiB, each written right after its CRC32 is
+updated, so the write copies it from the CPU's cache rather than from memory (measured here, a 1.5 GB save
+took 0.96-1.0 s of CPU this way against 2.2 s with the checksum on a second thread over 256 MiB chunks, and
+a bare write of the same bytes 0.55-1.1 s). The disk is told to start writing every 64 MiB rather than at the
+final fsync; and the header, written first with the checksums zeroed, is rewritten in place once they are
+known (it has a fixed length: every checksum is a 4-byte bin). The file is renamed into place only after
+that.
 """
 
 import datetime
@@ -21,9 +24,9 @@ import importlib.metadata
 import os
 import secrets
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -38,7 +41,7 @@ from purejax.checkpoint import nodes
 
 PyTree = Any
 TEMP_SUFFIX = ".tmp"
-_THREADED_CRC_BYTES = 2**20  # below this, a thread hand-off costs more than it saves
+_PIECE_BYTES = 512 * 2**10  # checksummed, then written while still in the CPU's cache (1 MiB L2 here)
 _WRITEBACK_BYTES = 64 * 2**20  # start the disk on what has been written every this many bytes
 
 
@@ -63,8 +66,9 @@ def save(
         chunk_bytes: the largest record; leaves above it are split. At most `MAX_CHUNK_BYTES` (1 GiB).
 
     Multi-process: call it on every process with the same tree. Arrays that span processes are gathered
-    with `multihost_utils.process_allgather` (a collective, so every process must take part), only process
-    0 writes, and all processes wait for the file before returning, so any of them can read it next.
+    one at a time with `multihost_utils.process_allgather` (a collective, so every process must take part);
+    other leaves are taken from process 0, which alone writes the file. Every process returns only once the
+    file is durable, so any of them can read it next; if process 0 fails to write it, every process raises.
     """
     path = Path(path)
     if not 0 < chunk_bytes <= fmt.MAX_CHUNK_BYTES:
@@ -88,38 +92,58 @@ def save(
             f"the checkpoint header would be {header_bytes:,} bytes, over the {fmt.MAX_HEADER_BYTES:,} readers accept: "
             f"{len(leaves):,} leaves, config and metadata; stack repeated layers into single arrays, or shrink them"
         )
-    if jax.process_index() == 0:
+    if jax.process_count() == 1:
         with _atomic_file(path) as f:
-            _write_file(f, header, [x for _, x, _ in leaves], chunk_bytes)
-    else:
-        for _, x, _ in leaves:
-            if isinstance(x, jax.Array) and not x.is_fully_addressable:
-                _to_host(x)  # take part in the gather (a collective), then drop the copy
-    if jax.process_count() > 1:
-        multihost_utils.sync_global_devices(f"purejax.checkpoint.save {path}")
+            _write_file(f, header, map(_to_host, [x for _, x, _ in leaves]))
+        return path
+    return _save_from_process_0(path, header, [x for _, x, _ in leaves])
+
+
+def _save_from_process_0(path: Path, header: dict[str, Any], arrays: list[Any]) -> Path:
+    """The multi-process save: every process takes part in each leaf's gather, in manifest order, one leaf
+    at a time; process 0 writes the file. Then process 0 broadcasts whether it succeeded, which is also the
+    barrier: no process returns before the file is durable, and if process 0 failed (a full disk, a missing
+    directory) every process raises instead of one raising and the others waiting forever in a collective."""
+    remaining = iter(arrays)  # shared with the writer, so after a failure the rest can still be gathered
+    failure = None
+    if jax.process_index() == 0:
+        try:
+            with _atomic_file(path) as f:
+                _write_file(f, header, (_to_host(x) for x in remaining))
+        except Exception as e:  # re-raised below, once the other processes have been told
+            failure = e
+    for x in remaining:  # other processes: all leaves; process 0: those after a failure
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            _to_host(x)  # take part in the gather (a collective), then drop the copy
+    ok = bool(multihost_utils.broadcast_one_to_all(np.int32(failure is None)))
+    if failure is not None:
+        raise failure
+    if not ok:
+        raise RuntimeError(f"process 0 failed to write the checkpoint {path} (its own log has the error)")
     return path
 
 
-def _write_file(f, header: dict[str, Any], arrays: list[Any], chunk_bytes: int) -> None:
-    """Header (checksums zeroed), every leaf's records, then the header again with the checksums."""
+def _write_file(f, header: dict[str, Any], arrays: Iterator[np.ndarray]) -> None:
+    """Header (checksums zeroed), every leaf's records, then the header again with the checksums. `arrays`
+    are the leaves as host arrays (`_to_host`), taken one at a time as each is written."""
     placeholder = msgpack.packb(header, use_bin_type=True)
     _write(f, fmt.pack_preamble(len(placeholder), zlib.crc32(placeholder)))
     _write(f, placeholder)
-    written = 0
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="purejax-crc") as pool:
-        for entry, x in zip(header["leaves"], arrays):
-            data = _to_host(x).reshape(-1).view(np.uint8)
-            crcs, start = [], 0
-            for size in fmt.chunk_sizes(data.nbytes, chunk_bytes):
-                chunk = data[start : start + size]
-                crc = pool.submit(zlib.crc32, chunk) if size >= _THREADED_CRC_BYTES else None
-                _write(f, fmt.pack_record_prefix(size))
-                _write(f, chunk)
-                crcs.append(crc.result() if crc is not None else zlib.crc32(chunk))
-                start += size
+    written = 0  # the bytes already handed to the disk
+    for entry, x in zip(header["leaves"], arrays, strict=True):
+        data, crcs, start = x.reshape(-1).view(np.uint8), [], 0
+        for size in fmt.chunk_sizes(data.nbytes, header["chunk_bytes"]):
+            _write(f, fmt.pack_record_prefix(size))
+            crc = 0
+            for begin in range(start, start + size, _PIECE_BYTES):
+                piece = data[begin : min(begin + _PIECE_BYTES, start + size)]
+                crc = zlib.crc32(piece, crc)  # just before the write, which then copies from the cache
+                _write(f, piece)
                 if f.tell() - written >= _WRITEBACK_BYTES:
                     written = _start_writeback(f, written)
-            entry["crc32"] = np.asarray(crcs, "<u4").tobytes()
+            crcs.append(crc)
+            start += size
+        entry["crc32"] = np.asarray(crcs, "<u4").tobytes()
     final = msgpack.packb(header, use_bin_type=True)
     assert len(final) == len(placeholder), "the header changed length when its checksums were filled in"
     f.flush()

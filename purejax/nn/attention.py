@@ -1,11 +1,23 @@
 """Multi-head self-attention (Vaswani et al. 2017) with optional grouped key/value heads and a key/value cache.
 
 params: {"qkv": linear (d_model, (n_head + 2 * n_kv_head) * head_dim), "proj": linear (d_model, d_model)}.
-The query, key and value projections are one fused matmul, as nanoGPT's `c_attn`: its output is split into
-queries (n_head heads), keys and values (n_kv_head heads each), every head's head_dim features contiguous,
-which is also the layout of Hugging Face's GPT-2 weights. n_kv_head < n_head is grouped-query attention
-(Ainslie et al. 2023): query head h reads key/value head h // (n_head // n_kv_head); n_kv_head == 1 is
-multi-query attention (Shazeer 2019).
+The query, key and value projections are one fused matmul, as nanoGPT's `c_attn`. Its output columns are
+grouped as in Megatron-LM: n_kv_head groups, each holding its query heads, then its key head, then its value
+head, every head's head_dim features contiguous:
+
+    [q_0 .. q_{g-1} k_0 v_0 | q_g .. q_{2g-1} k_1 v_1 | ...]     g = n_head // n_kv_head queries per group
+    multi-head attention (g = 1): [q_0 k_0 v_0 | q_1 k_1 v_1 | ...]
+
+Why not [all q | all k | all v] (nanoGPT's and Hugging Face's c_attn)? Under tensor parallelism the columns are
+split contiguously over devices, and only this layout hands every device whole groups: a query head with its
+own key and value head, so attention needs no communication. `qkv_permutation` converts between the two
+(models/gpt_hf.py uses it for GPT-2 files). n_kv_head < n_head is grouped-query attention (Ainslie et al.
+2023): query head h reads key/value head h // g; n_kv_head == 1 is multi-query attention (Shazeer 2019).
+
+Tensor parallelism (Megatron-LM, Shoeybi et al. 2019). `apply(..., axis_name="model")` inside `shard_map`
+treats the params as this device's shards: qkv column-parallel (whole groups of heads, the number inferred
+from the local weight's width), proj row-parallel (the partial products are `psum`-med over `axis_name`, then
+the replicated bias is added). Each device attends with its own heads; the forward pass costs one all-reduce.
 
 Two formulations compute the same thing. "fused" calls `jax.nn.dot_product_attention` (XLA today, cuDNN's
 flash attention where a backend offers it); "einsum" writes the maths out in `dot_product_attention` below,
@@ -24,6 +36,7 @@ from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from purejax import random as prandom
@@ -101,6 +114,22 @@ class AttentionConfig:
         """Output width of the fused qkv projection."""
         return (self.n_head + 2 * self.n_kv_head) * self.head_dim
 
+    @property
+    def group(self) -> int:
+        """Query heads per key/value head."""
+        return self.n_head // self.n_kv_head
+
+
+def qkv_permutation(config: AttentionConfig) -> np.ndarray:
+    """Column indices taking the [all q | all k | all v] layout (nanoGPT's and Hugging Face's c_attn) to this
+    layer's grouped layout: `w_grouped = w_split[..., perm]`, and back: `w_split = w_grouped[..., argsort(perm)]`.
+    Works on the weight (d_model, qkv_width) and the bias (qkv_width,) alike."""
+    n, kv, g, h = config.n_head, config.n_kv_head, config.group, config.head_dim
+    q = np.arange(n * h).reshape(kv, g * h)  # query heads of group j: heads j*g .. j*g + g - 1
+    k = n * h + np.arange(kv * h).reshape(kv, h)
+    v = (n + kv) * h + np.arange(kv * h).reshape(kv, h)
+    return np.concatenate([q, k, v], axis=1).reshape(-1)
+
 
 def init(
     key: PRNGKeyArray,
@@ -167,6 +196,7 @@ def apply(
     mask: Bool[Array, "..."] | None = None,
     cache: Cache | None = None,
     key: PRNGKeyArray | None = None,
+    axis_name: str | None = None,
 ) -> Float[Array, "batch seq d_model"] | tuple[Float[Array, "batch seq d_model"], Cache]:
     """Self-attention over `x`. Returns `y`, or `(y, new_cache)` when a `cache` is given.
 
@@ -175,27 +205,31 @@ def apply(
             where kv_len is seq without a cache and max_len with one (the mask then covers cache positions).
             Combined with the causal mask and, with a cache, the written-positions mask. A query allowed to
             see nothing gets the plain average of all values (as jax.nn.dot_product_attention), not NaN.
+            Under tensor parallelism its head axis is this device's heads or 1.
         cache: from `init_cache` or a previous call. The new keys and values are written at
             [index, index + seq); the returned cache has them and index + seq. Writing past max_len cannot
             be detected at trace time (index is traced), so the output is NaN instead of silently wrong.
         key: switches dropout on (with `config.dropout > 0`); None is evaluation.
+        axis_name: inside `shard_map`, the mesh axis the heads are split over (tensor parallelism, see the
+            module docstring); `x` and the output are replicated over it. None: the params are whole.
     """
     check_keys(params, "attention", required=("qkv", "proj"))
     check_keys(params["qkv"], "attention.qkv", required=("w",), optional=("b",))
-    _check_input(params, x, config)
+    n_kv_head = _local_kv_heads(params, x, config, axis_name)
     batch, seq, _ = x.shape
-    n_head, n_kv_head, head_dim = config.n_head, config.n_kv_head, config.head_dim
+    group, head_dim = config.group, config.head_dim
+    n_head = n_kv_head * group  # this device's query heads (all of them without tensor parallelism)
 
-    qkv = linear.apply(params["qkv"], x)
-    q, k, v = jnp.split(qkv, [n_head * head_dim, (n_head + n_kv_head) * head_dim], axis=-1)
-    q = q.reshape(batch, seq, n_head, head_dim)
-    k = k.reshape(batch, seq, n_kv_head, head_dim)
-    v = v.reshape(batch, seq, n_kv_head, head_dim)
+    qkv = linear.apply(params["qkv"], x).reshape(batch, seq, n_kv_head, group + 2, head_dim)
+    q = qkv[:, :, :, :group].reshape(batch, seq, n_head, head_dim)  # query head j * group + i reads kv head j
+    k, v = qkv[:, :, :, group], qkv[:, :, :, group + 1]
 
     if cache is None:
         q_pos, kv_pos = jnp.arange(seq), jnp.arange(seq)
         written = None
     else:
+        if axis_name is not None:
+            raise ValueError("attention: decoding with a cache under tensor parallelism is not supported")
         _check_cache(cache, config, batch, seq)
         index = cache["index"].astype(jnp.int32)
         start = (jnp.zeros((), jnp.int32), index, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
@@ -205,15 +239,19 @@ def apply(
         q_pos, kv_pos = index + jnp.arange(seq), jnp.arange(k.shape[1])
         written = kv_pos < index + seq
         k, v = k.astype(q.dtype), v.astype(q.dtype)  # a float32 cache read by a bfloat16 computation
-    allowed = _combine(mask, config, q_pos, kv_pos, written, batch)
+    allowed = _combine(mask, config, n_head, q_pos, kv_pos, written, batch)
 
     drop = key is not None and config.dropout > 0
     keys = prandom.named_keys(key, "attn", "resid") if drop else {"attn": None, "resid": None}
+    if drop and axis_name is not None:
+        # Each device holds other heads, so its attention probabilities need masks of their own; the output
+        # below is replicated over `axis_name`, so its dropout key (and mask) must stay the same everywhere.
+        keys["attn"] = jax.random.fold_in(keys["attn"], jax.lax.axis_index(axis_name))
     if config.impl == "einsum" or (config.impl == "auto" and (drop or _no_fused_float16(q.dtype))):
         out = dot_product_attention(q, k, v, allowed, dropout_rate=config.dropout, key=keys["attn"])
     else:
         out = jax.nn.dot_product_attention(q, k, v, mask=allowed)
-    y = linear.apply(params["proj"], out.reshape(batch, seq, n_head * head_dim))
+    y = linear.apply(params["proj"], out.reshape(batch, seq, n_head * head_dim), axis_name=axis_name)
     y = dropout_lib.apply(y, config.dropout, keys["resid"])
     if cache is None:
         return y
@@ -227,7 +265,13 @@ def _no_fused_float16(dtype: Any) -> bool:
 
 
 def _combine(
-    mask: Array | None, config: AttentionConfig, q_pos: Array, kv_pos: Array, written: Array | None, batch: int
+    mask: Array | None,
+    config: AttentionConfig,
+    n_head: int,
+    q_pos: Array,
+    kv_pos: Array,
+    written: Array | None,
+    batch: int,
 ) -> Array | None:
     """One boolean (batch|1, n_head|1, seq, kv_len) mask: the user's, causal on absolute positions, written."""
     seq, kv_len = q_pos.shape[0], kv_pos.shape[0]
@@ -239,35 +283,48 @@ def _combine(
     if allowed is not None:
         allowed = jnp.broadcast_to(allowed, (seq, kv_len))[None, None]
     if mask is not None:
-        mask = _check_mask(mask, config, batch, seq, kv_len)
+        mask = _check_mask(mask, n_head, batch, seq, kv_len)
         allowed = mask if allowed is None else mask & allowed
     return allowed
 
 
-def _check_input(params: Params, x: Array, config: AttentionConfig) -> None:
+def _local_kv_heads(params: Params, x: Array, config: AttentionConfig, axis_name: str | None) -> int:
+    """The number of key/value heads these params hold (all of them, or this device's share), after checking
+    `x` and the weights' shapes against the config and the size of `axis_name`."""
     if x.ndim != 3 or x.shape[-1] != config.d_model:
         raise ValueError(
             f"attention: x has shape {tuple(x.shape)}, expected (batch, seq, d_model={config.d_model}) "
             f"from config {config}"
         )
-    w, want = params["qkv"]["w"], (config.d_model, config.qkv_width)
-    if tuple(w.shape) != want:
+    shards = 1 if axis_name is None else jax.lax.axis_size(axis_name)
+    if config.n_kv_head % shards:
         raise ValueError(
-            f"attention: params['qkv']['w'] has shape {tuple(w.shape)}, but config {config} needs {want} "
-            f"((n_head + 2 * n_kv_head) * head_dim outputs); were the params made with another config?"
+            f"attention: n_kv_head={config.n_kv_head} key/value heads cannot be split over the {shards} devices of "
+            f"mesh axis {axis_name!r}; tensor parallelism needs n_kv_head divisible by its size"
         )
+    d, per_group = config.d_model, (config.group + 2) * config.head_dim
+    where = "" if axis_name is None else f" on each of the {shards} devices of mesh axis {axis_name!r}"
+    want = {"qkv": (d, config.qkv_width // shards), "proj": (config.n_head * config.head_dim // shards, d)}
+    for name, what in (("qkv", "(n_head + 2 * n_kv_head) * head_dim outputs"), ("proj", "n_head * head_dim inputs")):
+        got = tuple(params[name]["w"].shape)
+        if got != want[name]:
+            raise ValueError(
+                f"attention: params['{name}']['w'] has shape {got}, but config {config} needs {want[name]} "
+                f"({what}){where}; were the params made with another config (or sharded another way)?"
+            )
+    return want["qkv"][1] // per_group
 
 
-def _check_mask(mask: Array, config: AttentionConfig, batch: int, seq: int, kv_len: int) -> Array:
+def _check_mask(mask: Array, n_head: int, batch: int, seq: int, kv_len: int) -> Array:
     """The mask as 4-D, after checking it is boolean and broadcastable to (batch, n_head|1, seq, kv_len)."""
-    want = (batch, config.n_head, seq, kv_len)
+    want = (batch, n_head, seq, kv_len)
     if mask.dtype != jnp.bool_:
         raise TypeError(f"attention: mask must be boolean (True = may attend), got {mask.dtype}")
     shape = (1,) * (4 - mask.ndim) + tuple(mask.shape)
     if mask.ndim > 4 or any(s not in (1, w) for s, w in zip(shape, want)):
         raise ValueError(
             f"attention: mask has shape {tuple(mask.shape)}, which does not broadcast to "
-            f"(batch={batch}, n_head={config.n_head} or 1, seq={seq}, kv_len={kv_len}); "
+            f"(batch={batch}, n_head={n_head} or 1, seq={seq}, kv_len={kv_len}); "
             f"kv_len is the cache's max_len when decoding with a cache"
         )
     return mask.reshape(shape)

@@ -2,10 +2,17 @@
 
 params: {"w": (vocab, d_model)}. Tying the LM head to the input embedding (Press & Wolf 2017) is what GPT-2
 and nanoGPT do: `attend(params, h)` computes logits h @ w.T with the same table.
+
+Vocab-parallel (Megatron-LM): inside `shard_map`, device i of a mesh axis of size n holds rows
+[i * vocab / n, (i + 1) * vocab / n). `apply(..., axis_name=...)` looks up the ids that fall in its rows,
+contributes zeros for the others, and `psum`s: every device gets the full embedding. `attend` needs no change:
+with a row shard it gives this device's slice of the logits, which `purejax.losses.cross_entropy(...,
+axis_name=...)` consumes without ever gathering the whole vocabulary.
 """
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Integer, PRNGKeyArray
 
@@ -29,20 +36,34 @@ def init(
     return {"w": w_init(key, (vocab_size, d_model), dtype)}
 
 
-def apply(params: Params, ids: Integer[ArrayLike, "*batch"]) -> Float[Array, "*batch d_model"]:
+def apply(
+    params: Params, ids: Integer[ArrayLike, "*batch"], *, axis_name: str | None = None
+) -> Float[Array, "*batch d_model"]:
     """Rows of the table for each id. An id outside [0, vocab) gives NaNs (jnp.take's "fill" mode), never a
-    silently clamped row. Unsigned ids are fine (token files are often uint16)."""
+    silently clamped row. Unsigned ids are fine (token files are often uint16). With `axis_name`, the table's
+    rows are split over that mesh axis (see the module docstring)."""
     check_keys(params, "embedding", required=("w",))
     ids = jnp.asarray(ids)
     if not jnp.issubdtype(ids.dtype, jnp.integer):
         raise TypeError(f"embedding: ids must be integers, got {ids.dtype}")
-    rows = jnp.take(params["w"], ids, axis=0, mode="fill", fill_value=jnp.nan)
+    if ids.dtype.kind == "u":
+        ids = ids.astype(jnp.int32)  # ids - start below must be able to go negative
+    vocab = params["w"].shape[0]
+    if axis_name is None:
+        rows = jnp.take(params["w"], ids, axis=0, mode="fill", fill_value=jnp.nan)
+    else:
+        local = ids - jax.lax.axis_index(axis_name) * vocab
+        mine = (local >= 0) & (local < vocab)
+        rows = jnp.take(params["w"], jnp.where(mine, local, 0), axis=0)
+        rows = jax.lax.psum(jnp.where(mine[..., None], rows, 0), axis_name)
+        vocab = vocab * jax.lax.axis_size(axis_name)
     # jnp.take counts negative ids from the end, as numpy does; an id of -1 is a bug upstream, not the last row.
-    return jnp.where((ids < 0)[..., None], jnp.nan, rows)
+    return jnp.where(((ids < 0) | (ids >= vocab))[..., None], jnp.nan, rows)
 
 
 def attend(params: Params, x: Float[ArrayLike, "*batch d_model"]) -> Float[Array, "*batch vocab"]:
-    """Logits against every table row: x @ w.T (the tied LM head)."""
+    """Logits against every table row: x @ w.T (the tied LM head); with a vocab-parallel shard of the table,
+    this device's slice of the logits."""
     check_keys(params, "embedding", required=("w",))
     check_dim("embedding.attend", "x", x, -1, params["w"].shape[1], f"params['w'] of shape {tuple(params['w'].shape)}")
     return x @ params["w"].T

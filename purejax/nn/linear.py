@@ -3,10 +3,16 @@
 params: {"w": (d_in, d_out), "b": (d_out,)}; "b" is absent when bias=False.
 The (in, out) layout makes the forward pass a plain matmul and matches Hugging Face's GPT-2 Conv1D; torch's
 nn.Linear stores the transpose.
+
+Row-parallel (Megatron-LM): with `axis_name`, inside `shard_map`, w holds this device's rows and x the matching
+slice of the input features; the partial products are summed over the axis (`psum`) and only then is the
+(replicated) bias added, once. A column-parallel layer needs nothing special: each device holds some columns
+of w and b and computes its slice of y.
 """
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
@@ -34,11 +40,16 @@ def init(
     return params
 
 
-def apply(params: Params, x: Float[ArrayLike, "*batch d_in"]) -> Float[Array, "*batch d_out"]:
-    """x @ w (+ b) over the last axis of `x`; any leading axes are kept."""
+def apply(
+    params: Params, x: Float[ArrayLike, "*batch d_in"], *, axis_name: str | None = None
+) -> Float[Array, "*batch d_out"]:
+    """x @ w (+ b) over the last axis of `x`; any leading axes are kept. With `axis_name`, row-parallel (see
+    the module docstring): the result is summed over that mesh axis before the bias."""
     check_keys(params, "linear", required=("w",), optional=("b",))
     check_dim("linear", "x", x, -1, params["w"].shape[0], f"params['w'] of shape {tuple(params['w'].shape)}")
     y = x @ params["w"]
+    if axis_name is not None:
+        y = jax.lax.psum(y, axis_name)
     if "b" in params:
         y = y + params["b"]
     return y

@@ -1,6 +1,11 @@
 """The transformer MLP: linear up to d_hidden, activation, linear back down, dropout.
 
 params: {"fc": linear (d_in, d_hidden), "proj": linear (d_hidden, d_out)}; the names are nanoGPT's (c_fc, c_proj).
+
+Tensor parallelism (Megatron-LM, Shoeybi et al. 2019): with `axis_name`, inside `shard_map`, each device holds
+a slice of the hidden units: fc column-parallel (its columns of fc.w and fc.b), proj row-parallel (the matching
+rows of proj.w; proj.b replicated). The activation is elementwise, so it needs no communication; the partial
+outputs are summed with one `psum` before proj's bias. x and the output are replicated over the axis.
 """
 
 from collections.abc import Callable
@@ -43,12 +48,16 @@ def apply(
     activation: Callable[[Array], Array] = activations.gelu,
     dropout_rate: float = 0.0,
     key: PRNGKeyArray | None = None,
+    axis_name: str | None = None,
 ) -> Float[Array, "*batch d_out"]:
-    """proj(activation(fc(x))), then dropout when a key is given."""
+    """proj(activation(fc(x))), then dropout when a key is given. With `axis_name`, the hidden units are split
+    over that mesh axis (see the module docstring); the key must then be the same on every device of it, so
+    that the replicated output gets the same mask everywhere."""
     check_keys(params, "mlp", required=("fc", "proj"))
     for name in ("fc", "proj"):  # checked here too, so that errors name the path, not just "linear"
         check_keys(params[name], f"mlp.{name}", required=("w",), optional=("b",))
     w = params["fc"]["w"]
     check_dim("mlp", "x", x, -1, w.shape[0], f"params['fc']['w'] of shape {tuple(w.shape)}")
     h = activation(linear.apply(params["fc"], x))
-    return dropout.apply(linear.apply(params["proj"], h), dropout_rate, key)
+    y = linear.apply(params["proj"], h, axis_name=axis_name)
+    return dropout.apply(y, dropout_rate, key)

@@ -34,13 +34,14 @@ def clip_to_norm(tree: PyTree, norm: Float[Array, ""], max_norm: ArrayLike) -> P
     return jax.tree_util.tree_map(lambda t: t * factor.astype(t.dtype), tree)
 
 
-def clip_by_global_norm(max_norm: ArrayLike, axis_name: Any = None) -> GradientTransformation:
+def clip_by_global_norm(max_norm: ArrayLike, axis_name: Any = None, *, specs: PyTree = None) -> GradientTransformation:
     """Scale updates down so that their global L2 norm is at most `max_norm`.
 
     Arguments:
         max_norm: the largest global norm let through (nanoGPT: 1.0).
-        axis_name: inside `shard_map`, the mesh axes the leaves are sharded over; the norm is then the norm of
-            the whole, unsharded tree on every device (see `purejax.tree.global_norm`).
+        axis_name: inside `shard_map`, the mesh axes every leaf is sharded over; or
+        specs: the `PartitionSpec` of each leaf (the params' specs), when leaves are sharded differently. The
+            norm is then the norm of the whole, unsharded tree on every device (see `purejax.tree.global_norm`).
     """
 
     def init(params: PyTree) -> GlobalNormState:
@@ -49,7 +50,7 @@ def clip_by_global_norm(max_norm: ArrayLike, axis_name: Any = None) -> GradientT
 
     def update(updates: PyTree, state: GlobalNormState, params: PyTree = None) -> tuple[PyTree, GlobalNormState]:
         del params
-        norm = tree_lib.global_norm(updates, axis_name)
+        norm = tree_lib.global_norm(updates, axis_name, specs=specs)
         return clip_to_norm(updates, norm, max_norm), GlobalNormState(norm)
 
     return GradientTransformation(init, update)

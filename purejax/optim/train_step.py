@@ -68,6 +68,7 @@ def train_step(
     ema: ParamEMA | None = None,
     micro_batches: int = 1,
     axis_name: Any = None,
+    param_specs: PyTree = None,
 ) -> tuple[TrainState, dict[str, Any]]:
     """One optimizer step on `batch`; returns the new state and the metrics.
 
@@ -77,9 +78,13 @@ def train_step(
         max_grad_norm: clip the gradients to this global norm (torch's `clip_grad_norm_`); None: no clipping.
         ema: the parameter average kept in `state.ema` (the same `param_ema` given to `init_train_state`).
         micro_batches: split every batch leaf's leading axis into this many micro-batches and accumulate.
-        axis_name: inside `shard_map`, the mesh axes the parameters are sharded over, so that the global norm
-            and the finiteness check cover the whole model. (Averaging gradients over data-parallel devices is
-            not done here; it belongs to the data-parallel wrapper.)
+        axis_name: inside `shard_map`, the mesh axes every parameter is sharded over, so that the global norm
+            and the finiteness check cover the whole model; or
+        param_specs: the `PartitionSpec` of each parameter, when they are sharded differently (tensor
+            parallelism, FSDP): each leaf's squares are reduced over its own axes (`purejax.tree.global_norm`).
+            Averaging gradients over data-parallel devices is not done here: a loss already averaged over the
+            data axis (`purejax.losses.masked_mean(..., axis_name=...)`) has the right gradients under
+            `jax.grad` (see purejax/parallel/step.py).
 
     Metrics: `loss` (unscaled, averaged over micro-batches), `grad_norm` (before clipping), `learning_rate`
     (the rate this step's update used; absent if the optimizer state holds none), `loss_scale`, and
@@ -98,7 +103,7 @@ def train_step(
     grads, (loss, aux) = accumulate_gradients(grad_fn, state.params, batch, step_key, micro_batches)
     grads = state.loss_scale.unscale(grads)
 
-    grad_norm = tree_lib.global_norm(grads, axis_name)
+    grad_norm = tree_lib.global_norm(grads, axis_name, specs=param_specs)
     finite = jnp.isfinite(grad_norm)
     if max_grad_norm is not None:
         grads = clip_to_norm(grads, grad_norm, max_grad_norm)

@@ -73,8 +73,8 @@ def numpy_forward(params, idx, config):
     x = p["wte"]["w"][idx] + p["wpe"]["w"][:t]
     for layer in range(config.n_layer):
         q = jax.tree.map(lambda a: a[layer], p["blocks"])
-        qkv = np.split(linear(layer_norm(x, q["ln_1"]), q["attn"]["qkv"]), 3, -1)
-        heads = [a.reshape(b, t, n, d).transpose(0, 2, 1, 3) for a in qkv]
+        qkv = linear(layer_norm(x, q["ln_1"]), q["attn"]["qkv"]).reshape(b, t, n, 3, d)  # per head: q, k, v
+        heads = [qkv[:, :, :, j].transpose(0, 2, 1, 3) for j in range(3)]
         logits = heads[0] @ heads[1].transpose(0, 1, 3, 2) / np.sqrt(d)
         logits = np.where(np.tril(np.ones((t, t), bool)), logits, -np.inf)
         weights = np.exp(logits - logits.max(-1, keepdims=True))
@@ -393,3 +393,32 @@ def test_bad_inputs_are_rejected_with_what_is_wrong():
     deeper = dataclasses.replace(CONFIG, n_layer=3)
     with pytest.raises(ValueError, match="the cache has 3 layers, the config 2"):
         gpt.apply(params, tokens((B, 1)), CONFIG, cache=gpt.init_cache(deeper, B))
+
+
+# ---------------------------------------------------------------- sharding specs (the mesh runs: tests/purejax/parallel)
+
+
+def test_param_specs_cover_every_param_megatron_style():
+    from jax.sharding import PartitionSpec as P
+
+    from purejax.parallel import MeshAxes
+
+    config = dataclasses.replace(CONFIG, vocab_size=40)
+    specs = tree_lib.flatten(gpt.param_specs(config, MeshAxes("data", "model"), {"data": 2, "model": 4}))
+    assert specs["wte.w"] == P("model", None) and specs["wpe.w"] == P()
+    assert specs["blocks.attn.qkv.w"] == P(None, None, "model") and specs["blocks.attn.proj.w"] == P(None, "model", None)
+    assert specs["blocks.mlp.fc.b"] == P(None, "model") and specs["blocks.mlp.proj.b"] == P()
+    fsdp = tree_lib.flatten(gpt.param_specs(config, MeshAxes("data", "model", fsdp=True), {"data": 2, "model": 4}))
+    assert fsdp["wte.w"] == P("model", "data") and fsdp["blocks.mlp.proj.w"] == P(None, "model", "data")
+    assert fsdp["blocks.ln_1.scale"] == P()  # vectors stay replicated
+    assert set(specs) == set(tree_lib.flatten(make_params()))
+
+
+def test_param_specs_name_what_tensor_parallelism_cannot_split():
+    from purejax.parallel import MeshAxes
+
+    axes = MeshAxes(model="model")
+    with pytest.raises(ValueError, match="n_head=4 cannot be split over the 8 devices .* divisible by 8"):
+        gpt.param_specs(CONFIG, axes, {"model": 8})
+    with pytest.raises(ValueError, match="vocab_size=37 cannot be split over the 2 devices .* pads it up"):
+        gpt.param_specs(CONFIG, axes, {"model": 2})

@@ -308,3 +308,15 @@ def test_summary_flops_of_a_matmul_is_2mnk():
     last = tree.summary({"w": b}, jnp.matmul, a, b).splitlines()[-1]
     assert last.startswith("flops: ") and last.endswith("(XLA cost analysis)")
     assert float(last.split()[1].replace(",", "")) == pytest.approx(2 * m * n * k, rel=0.01)
+
+
+def test_global_norm_with_specs_of_replicated_leaves_needs_no_mesh():
+    """Per-leaf specs: a replicated leaf (P()) is never reduced, so on one device the norm is the plain one
+    (the 8-device check, with sharded leaves, is in tests/purejax/parallel/test_step.py)."""
+    from jax.sharding import PartitionSpec as P
+
+    t = {"a": jnp.arange(6.0).reshape(2, 3), "b": jnp.ones(4)}
+    want = np.sqrt(np.sum(np.arange(6.0) ** 2) + 4)
+    np.testing.assert_allclose(tree.global_norm(t, specs={"a": P(), "b": P(None)}), want, rtol=1e-6)
+    with pytest.raises(ValueError, match="give axis_name .* or specs .*, not both"):
+        tree.global_norm(t, "data", specs={"a": P(), "b": P()})

@@ -12,7 +12,7 @@ reads just those windows, without a Python loop per sample.
 
 import collections
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import jax
@@ -23,7 +23,9 @@ Tokens = UInt16[np.ndarray, " tokens"]
 Batch = tuple[Int[np.ndarray, "batch block"], Int[np.ndarray, "batch block"]]
 
 
-def get_batch(data: Tokens, batch_size: int, block_size: int, seed: int, step: int, stream: int = 0) -> Batch:
+def get_batch(
+    data: Tokens, batch_size: int, block_size: int, seed: int, step: int, stream: int = 0, rows: range | None = None
+) -> Batch:
     """(x, y), each int32 of shape (batch_size, block_size), with y[:, t] the token after x[:, t].
 
     Arguments:
@@ -33,6 +35,9 @@ def get_batch(data: Tokens, batch_size: int, block_size: int, seed: int, step: i
         step: the training step; the same (seed, step, stream) always gives the same batch.
         stream: separates independent sequences at the same (seed, step), e.g. 0 for training batches and
             1 and 2 for the batches of a train and a val loss estimate. Non-negative, like seed and step.
+        rows: only these rows of the batch (default: all), e.g. the rows one process of a multi-process run
+            loads (`purejax.parallel.local_rows`). The draw is the whole batch's, so the rows are the same
+            whichever process reads them; only their windows are read from `data`.
     """
     for name, value, least in (("batch_size", batch_size, 1), ("block_size", block_size, 1),
                                ("seed", seed, 0), ("step", step, 0), ("stream", stream, 0)):  # fmt: skip
@@ -46,20 +51,32 @@ def get_batch(data: Tokens, batch_size: int, block_size: int, seed: int, step: i
     # SeedSequence hashes the whole (seed, step, stream) triple, so neighbouring steps get unrelated draws.
     rng = np.random.default_rng([seed, step, stream])
     offsets = rng.integers(0, len(data) - block_size, size=batch_size)  # last start: len - block_size - 1
+    if rows is not None:
+        if rows.step != 1 or not 0 <= rows.start <= rows.stop <= batch_size:
+            raise ValueError(f"get_batch: rows must be a contiguous range within 0..{batch_size}, got {rows}")
+        offsets = offsets[rows.start : rows.stop]
     windows = np.asarray(data[offsets[:, None] + np.arange(block_size + 1)], dtype=np.int32)
     return windows[:, :-1], windows[:, 1:]
 
 
 def batches(
-    data: Tokens, batch_size: int, block_size: int, seed: int, start_step: int = 0, stream: int = 0
+    data: Tokens,
+    batch_size: int,
+    block_size: int,
+    seed: int,
+    start_step: int = 0,
+    stream: int = 0,
+    rows: range | None = None,
 ) -> Iterator[Batch]:
     """`get_batch` for steps `start_step`, `start_step + 1`, ... without end: a resumed run passes the step
     it resumes at."""
     for step in itertools.count(start_step):
-        yield get_batch(data, batch_size, block_size, seed, step, stream)
+        yield get_batch(data, batch_size, block_size, seed, step, stream, rows)
 
 
-def prefetch(items: Iterable[Any], size: int = 2, device: jax.Device | None = None) -> Iterator[Any]:
+def prefetch(
+    items: Iterable[Any], size: int = 2, device: jax.Device | None = None, put: Callable[[Any], Any] | None = None
+) -> Iterator[Any]:
     """The items of `items`, in order, each already moved to `device` by `jax.device_put`, with `size` of
     them on the way ahead of the one being used.
 
@@ -74,6 +91,8 @@ def prefetch(items: Iterable[Any], size: int = 2, device: jax.Device | None = No
         items: anything whose items are pytrees of arrays, e.g. `batches(...)`.
         size: how many items to keep in flight, >= 1.
         device: where to put them (default: JAX's default device).
+        put: how to put an item instead of `jax.device_put(item, device)`; e.g. the identity for items that are
+            already arrays on their devices (a multi-process global batch), to keep them in flight alone.
     """
     if int(size) != size or size < 1:
         raise ValueError(f"prefetch size must be an integer >= 1, got {size!r}")
@@ -82,7 +101,7 @@ def prefetch(items: Iterable[Any], size: int = 2, device: jax.Device | None = No
 
     def fill(n: int) -> None:
         for item in itertools.islice(iterator, n):
-            queue.append(jax.device_put(item, device))
+            queue.append(put(item) if put is not None else jax.device_put(item, device))
 
     fill(size)
     while queue:

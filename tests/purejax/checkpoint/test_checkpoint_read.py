@@ -267,6 +267,30 @@ def test_every_flipped_bit_is_detected_and_located(tmp_path):
         assert caught.value.leaf == owner_of(info, offset), (offset, str(caught.value))
 
 
+def test_records_read_in_many_spans_and_pieces_verify_each_span(tmp_path, monkeypatch):
+    """With tiny pieces (save) and spans and pieces (restore), each record is written in pieces and read by
+    several threads in spans whose CRCs are combined: the values round-trip, and a flipped bit in the
+    first, a middle or the last span of a record is caught and located."""
+    from purejax.checkpoint import read, write
+
+    monkeypatch.setattr(write, "_PIECE_BYTES", 3)
+    monkeypatch.setattr(read, "_SPAN_BYTES", 10)
+    monkeypatch.setattr(read, "_PIECE_BYTES", 4)
+    clean = tmp_path / "clean"
+    tree = {"a": random_array("float32", (50,)), "b": random_array("int8", (7,))}
+    checkpoint.save(clean, tree, chunk_bytes=64)  # "a": records of 64, 64, 64, 8 bytes
+    assert all(same_bits(checkpoint.restore(clean).tree[k], tree[k]) for k in tree)
+    info, raw = checkpoint.read_metadata(clean), clean.read_bytes()
+    first_data = info.manifest["a"].offset + fmt.RECORD_PREFIX_SIZE + 64 + fmt.RECORD_PREFIX_SIZE  # record 1
+    bad = tmp_path / "bad"
+    for within in (0, 9, 10, 33, 63):  # spans of record 1: 0..10, 10..20, ..., 60..64
+        bad.write_bytes(raw)
+        corrupt(bad, first_data + within, 0x10)
+        with pytest.raises(checkpoint.CheckpointError, match=r"bytes 64\.\.128 \(record 1\) fail") as caught:
+            checkpoint.restore(bad)
+        assert caught.value.leaf == "a"
+
+
 def test_every_truncation_is_detected_and_located(tmp_path):
     clean = tmp_path / "clean"
     checkpoint.save(clean, {"a": np.arange(20, dtype=np.int16), "b": np.ones(3, np.float32)}, chunk_bytes=16)
@@ -307,7 +331,8 @@ def test_a_missing_subtree_is_named_with_what_is_there(tmp_path):
 
 
 def test_sharded_arrays_save_gathered_and_restore_onto_any_sharding(tmp_path, run_child):
-    """On 4 simulated devices: see sharded_child.py for the checks."""
+    """On 8 simulated devices, saved from a 4x2 mesh, restored onto it, an 8x1 mesh and one device: see
+    sharded_child.py for the checks."""
     assert run_child("sharded_child.py", str(tmp_path / "f")).strip().endswith("ok")
 
 

@@ -1,7 +1,10 @@
 """save: atomic replacement, the fsync protocol, bounded memory, and clear errors for what cannot be stored."""
 
 import os
+import socket
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -10,6 +13,9 @@ import pytest
 
 from purejax import checkpoint
 from purejax.checkpoint import write
+
+HERE = Path(__file__).resolve().parent
+
 
 def test_save_replaces_the_file_and_leaves_nothing_else(tmp_path):
     path = tmp_path / "ckpt.msgpack"
@@ -110,3 +116,26 @@ def test_a_header_readers_would_refuse_is_refused_at_save(tmp_path, monkeypatch)
     with pytest.raises(ValueError, match=r"over the 2,000 readers accept: 100 leaves, config and metadata"):
         checkpoint.save(tmp_path / "f", layers)
     assert os.listdir(tmp_path) == []
+
+
+def test_two_processes_save_once_and_both_restore(tmp_path):
+    """A real two-process run (jax.distributed on this machine): arrays spanning both processes are gathered,
+    process 0 writes, both restore; when process 0 cannot write, both raise. See multiprocess_child.py."""
+    with socket.socket() as s:  # a free port for the coordinator
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    children = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "multiprocess_child.py"), str(i), str(port), str(tmp_path)],
+            env={**os.environ, "JAX_PLATFORMS": "cpu"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for i in range(2)
+    ]
+    try:
+        outputs = [child.communicate(timeout=120) for child in children]
+    finally:
+        for child in children:
+            child.kill()  # only still running if the other one failed and left it waiting
+    for i, (child, (out, err)) in enumerate(zip(children, outputs)):
+        assert child.returncode == 0 and out.strip().endswith("ok"), f"process {i}:\n{err[-4000:]}"
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.msgpack"]

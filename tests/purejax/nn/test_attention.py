@@ -26,16 +26,18 @@ def make(config, seed=0):
 
 
 def np_attention(params, x, config, mask=None):
-    """Textbook attention in float64: separate q/k/v slices, key/value heads repeated for grouped queries,
-    -inf for masked logits."""
+    """Textbook attention in float64: q/k/v read from the grouped column layout (per key/value head: its
+    query heads, its key, its value), key/value heads repeated for grouped queries, -inf for masked logits."""
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
     x = np.asarray(x, np.float64)
     b, t, _ = x.shape
     n, kv, h = config.n_head, config.n_kv_head, config.head_dim
     qkv = x @ p["qkv"]["w"] + p["qkv"].get("b", 0.0)
-    q = qkv[..., : n * h].reshape(b, t, n, h)
-    k = qkv[..., n * h : (n + kv) * h].reshape(b, t, kv, h)
-    v = qkv[..., (n + kv) * h :].reshape(b, t, kv, h)
+    g = n // kv
+    groups = [qkv[..., j * (g + 2) * h : (j + 1) * (g + 2) * h] for j in range(kv)]
+    q = np.concatenate([grp[..., : g * h] for grp in groups], axis=-1).reshape(b, t, n, h)
+    k = np.stack([grp[..., g * h : (g + 1) * h] for grp in groups], axis=2)
+    v = np.stack([grp[..., (g + 1) * h :] for grp in groups], axis=2)
     k, v = np.repeat(k, n // kv, axis=2), np.repeat(v, n // kv, axis=2)
     logits = np.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(h)
     allowed = np.ones((t, t), bool)
@@ -299,3 +301,23 @@ def test_auto_runs_float16_under_jit():
     y16 = jax.jit(lambda p, x: attention.apply(p, x, config))(params16, x16)
     assert y16.dtype == jnp.float16
     np.testing.assert_allclose(np.asarray(y16, np.float32), attention.apply(params, x, config), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("config", [AttentionConfig(D, 4), AttentionConfig(D, 4, n_kv_head=2)], ids=str)
+def test_qkv_permutation_converts_the_q_k_v_layout(config):
+    """Weights in the [all q | all k | all v] layout (nanoGPT, Hugging Face), permuted, give the attention a
+    float64 reference computes reading them in that layout; argsort(perm) converts back."""
+    params, x = make(config)
+    perm = attention.qkv_permutation(config)
+    n, kv, h = config.n_head, config.n_kv_head, config.head_dim
+    split = jax.tree.map(lambda a: np.asarray(a, np.float64)[..., np.argsort(perm)], params["qkv"])
+    qkv = np.asarray(x, np.float64) @ split["w"] + split["b"]
+    q = qkv[..., : n * h].reshape(B, T, n, h)
+    k = np.repeat(qkv[..., n * h : (n + kv) * h].reshape(B, T, kv, h), n // kv, axis=2)
+    v = np.repeat(qkv[..., (n + kv) * h :].reshape(B, T, kv, h), n // kv, axis=2)
+    logits = np.where(np.tril(np.ones((T, T), bool)), np.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(h), -np.inf)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    out = np.einsum("bnts,bsnh->btnh", probs / probs.sum(-1, keepdims=True), v).reshape(B, T, n * h)
+    expected = out @ np.asarray(params["proj"]["w"], np.float64) + np.asarray(params["proj"]["b"], np.float64)
+    np.testing.assert_allclose(apply(params, x, config), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(split["w"][..., perm], params["qkv"]["w"])

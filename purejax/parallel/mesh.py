@@ -1,0 +1,87 @@
+"""The device mesh: a (data, model) grid of devices, and `MeshAxes`, the names a model runs under.
+
+    mesh = make_mesh(dp=4, tp=2)               # 8 devices: 4 data-parallel groups of 2 tensor-parallel ones
+    axes = MeshAxes.of(mesh, fsdp=False)       # MeshAxes(data="data", model="model", fsdp=False)
+    logits = gpt.apply(params, idx, config, axes=axes)   # inside jax.shard_map over `mesh`
+
+Axis types. A mesh axis is Auto, Explicit or Manual (`jax.sharding.AxisType`); `jax.make_mesh` defaults to
+Explicit since jax 0.7 and to Auto before, so the type is always passed here. We use Auto: every computation
+runs inside `shard_map`, where the axes are Manual whatever their type, so the type only matters for code
+outside it (the training loop, evaluation on gathered params, checkpoint restore), and there Auto lets XLA
+place any operation on sharded arrays, where Explicit would ask for an output sharding on every matmul or
+reshape that mixes sharded dimensions.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+DATA = "data"  # the batch is split over this axis (data parallelism; FSDP also splits the params over it)
+MODEL = "model"  # heads, MLP units and the vocabulary are split over this axis (Megatron tensor parallelism)
+
+
+def make_mesh(dp: int, tp: int, devices: Sequence[Any] | None = None) -> jax.sharding.Mesh:
+    """A (dp, tp) mesh with axes (DATA, MODEL) over `devices` (default: all of them, `jax.devices()`).
+
+    Neighbouring devices share a data group (the model axis varies fastest): on a GPU host they are the ones
+    with the fastest links, and tensor parallelism communicates the most (every block, forward and backward)."""
+    devices = list(jax.devices() if devices is None else devices)
+    for name, size in (("dp", dp), ("tp", tp)):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"make_mesh: {name} must be a positive int, got {size!r}")
+    if dp * tp != len(devices):
+        raise ValueError(
+            f"make_mesh: dp={dp} x tp={tp} = {dp * tp} devices, but {len(devices)} are given "
+            f"({devices[0].platform if devices else 'none'}); pick dp and tp whose product is {len(devices)}"
+            + ("" if len(devices) > 1 else "; on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=8 simulates 8")
+        )
+    grid = np.array(devices, dtype=object).reshape(dp, tp)
+    return jax.sharding.Mesh(grid, (DATA, MODEL), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def parse_mesh(text: str) -> tuple[int, int]:
+    """`(dp, tp)` from a command-line string such as "dp=4,tp=2" (a missing one is 1: "tp=8" is (1, 8))."""
+    sizes = {"dp": 1, "tp": 1}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep or name.strip() not in sizes or not value.strip().isdigit() or int(value) < 1:
+            raise ValueError(f"parse_mesh: cannot read {part!r} in {text!r}; expected e.g. 'dp=4,tp=2' (positive ints)")
+        sizes[name.strip()] = int(value)
+    return sizes["dp"], sizes["tp"]
+
+
+@dataclass(frozen=True)
+class MeshAxes:
+    """How a model runs: the mesh axes it is split over, as seen from inside `shard_map`. Frozen and
+    hashable (a static argument); `MeshAxes()` is one device, the model's plain single-device code.
+
+    Arguments:
+        data: the axis the batch is split over (None: no data parallelism). The loss is averaged over it.
+        model: the axis heads, MLP units and vocabulary are split over (None: no tensor parallelism).
+        fsdp: params (and so optimizer state) are also split over `data` at rest and gathered before use
+            (ZeRO-3); needs `data`.
+    """
+
+    data: str | None = None
+    model: str | None = None
+    fsdp: bool = False
+
+    def __post_init__(self):
+        if self.fsdp and self.data is None:
+            raise ValueError("MeshAxes: fsdp=True splits params over the data axis, so it needs data=<axis name>")
+        if self.data is not None and self.data == self.model:
+            raise ValueError(f"MeshAxes: data and model must be different mesh axes, both are {self.data!r}")
+
+    @classmethod
+    def of(cls, mesh: jax.sharding.Mesh, *, fsdp: bool = False) -> "MeshAxes":
+        """The axes of a `make_mesh` mesh, leaving out those of size 1: a 1 x 8 mesh is pure tensor
+        parallelism, with no data-parallel collectives at all (and no FSDP, which needs 2 data shards)."""
+        sizes = dict(mesh.shape)
+        missing = [name for name in (DATA, MODEL) if name not in sizes]
+        if missing:
+            raise ValueError(f"MeshAxes.of: the mesh has axes {tuple(sizes)}, not {missing}; build it with make_mesh")
+        data = DATA if sizes[DATA] > 1 else None
+        return cls(data=data, model=MODEL if sizes[MODEL] > 1 else None, fsdp=fsdp and data is not None)

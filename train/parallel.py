@@ -1,0 +1,157 @@
+"""Where a training run's arrays live and how its step runs: one device, or a (dp, tp) mesh over the devices
+of one or several processes (docs/parallelism.md, docs/multihost.md).
+
+    devices = Devices.from_settings(dp=2, tp=2, fsdp=False, num_processes=1)
+    devices.start()                        # first, before any other JAX call
+    params_specs = gpt.param_specs(model, devices.axes, devices.mesh.shape)
+    state = devices.place(state, params_specs)
+    step = devices.train_step(specs, loss_fn=..., optimizer=...)
+    rows = devices.local_rows(global_batch_size)         # the rows of every batch this process reads
+    batch = devices.put_batch(get_batch(..., rows=rows), global_batch_size)
+
+With dp = tp = 1 in one process there is no mesh: the state stays where JAX puts it and the step is the plain
+`jax.jit(train_step)`, exactly the single-device program. Otherwise every process runs the same sharded step
+(`purejax.parallel.sharded_train_step`); the batch is split over the data axis and each process reads only
+the rows its own devices hold.
+"""
+
+import dataclasses
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from purejax import optim, parallel
+from purejax.parallel import distributed
+
+PyTree = Any
+CPU_DEVICES_FLAG = "--xla_force_host_platform_device_count"
+
+
+@dataclasses.dataclass(frozen=True)
+class Devices:
+    """The devices a run uses: `dp` data-parallel groups of `tp` tensor-parallel devices (with `fsdp`, the
+    params and optimizer state also split over the data groups), over `num_processes` processes."""
+
+    dp: int = 1
+    tp: int = 1
+    fsdp: bool = False
+    num_processes: int = 1
+
+    def __post_init__(self):
+        for name in ("dp", "tp", "num_processes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.fsdp and self.dp == 1:
+            raise ValueError("fsdp splits the params over the data-parallel devices, so it needs dp > 1")
+        if (self.dp * self.tp) % self.num_processes:
+            raise ValueError(
+                f"dp x tp = {self.dp * self.tp} devices cannot be shared evenly by {self.num_processes} processes"
+            )
+
+    @property
+    def sharded(self) -> bool:
+        """False for the plain single-device program."""
+        return self.dp * self.tp > 1 or self.num_processes > 1
+
+    def start(self, **initialize_kwargs: Any) -> None:
+        """Join the multi-process run (`purejax.parallel.initialize`, a no-op for one process) and, for a CPU
+        backend, make each process simulate its share of the dp x tp devices. Must run before any other JAX
+        call, since both are fixed when JAX's backend starts.
+
+        The simulated devices (XLA's `--xla_force_host_platform_device_count`) only concern the CPU platform:
+        on a GPU or TPU machine the flag changes nothing and the mesh is built from the accelerators. On a
+        CPU the devices share one thread pool, so data parallelism over them does not use the cores any
+        better than one device does (docs/benchmarks.md); it is for trying a layout before renting a cluster.
+        """
+        local = self.dp * self.tp // self.num_processes
+        flags = os.environ.get("XLA_FLAGS", "")
+        if self.sharded and CPU_DEVICES_FLAG not in flags:
+            os.environ["XLA_FLAGS"] = f"{flags} {CPU_DEVICES_FLAG}={local}".strip()
+        distributed.initialize(**initialize_kwargs)
+
+    @functools.cached_property
+    def mesh(self) -> jax.sharding.Mesh:
+        return parallel.make_mesh(self.dp, self.tp)
+
+    @property
+    def axes(self) -> parallel.MeshAxes:
+        """The axes the model runs under; `MeshAxes()` (one device) when not sharded."""
+        return parallel.MeshAxes.of(self.mesh, fsdp=self.fsdp) if self.sharded else parallel.MeshAxes()
+
+    @property
+    def batch_spec(self) -> P:
+        return P(self.axes.data)  # P(None): a 1 x tp mesh gives every device the whole batch
+
+    def place(self, state: optim.TrainState, param_specs: PyTree | None) -> tuple[optim.TrainState, PyTree]:
+        """The state on the mesh, each leaf split as `state_specs` derives from the params' specs; returns
+        (state, its specs). Unsharded: the state as it is, and None."""
+        if not self.sharded:
+            return state, None
+        specs = parallel.state_specs(state, param_specs)
+        return parallel.shard(state, specs, self.mesh), specs
+
+    def train_step(self, state_specs: PyTree | None, **train_step_kwargs: Any) -> Callable:
+        """`(state, batch) -> (state, metrics)`: `optim.train_step` jitted (state donated), or sharded."""
+        if not self.sharded:
+            return jax.jit(functools.partial(optim.train_step, **train_step_kwargs), donate_argnums=0)
+        return parallel.sharded_train_step(self.mesh, state_specs, self.batch_spec, **train_step_kwargs)
+
+    def evaluate(self, loss: Callable, param_specs: PyTree | None) -> Callable:
+        """`(params, x, y) -> loss` jitted, or under shard_map with the params split as `param_specs` and the
+        batch over the data axis; `loss(params, (x, y), axes)` must average over `axes.data` itself."""
+        axes = self.axes
+        if not self.sharded:
+            return jax.jit(lambda params, x, y: loss(params, (x, y), axes))
+        fn = jax.shard_map(
+            lambda params, x, y: loss(params, (x, y), axes), mesh=self.mesh,
+            in_specs=(param_specs, self.batch_spec, self.batch_spec), out_specs=P(), check_vma=True,
+        )  # fmt: skip
+        return jax.jit(fn)
+
+    def local_rows(self, global_batch_size: int) -> range | None:
+        """The rows of each global batch that this process loads (None: all of them, unsharded)."""
+        if not self.sharded:
+            return None
+        if global_batch_size % self.dp:
+            raise ValueError(
+                f"a batch of {global_batch_size} rows cannot be split evenly over dp={self.dp} data-parallel "
+                f"groups; make batch_size a multiple of {self.dp}"
+            )
+        return distributed.local_rows(self._batch_sharding, (global_batch_size,))
+
+    def put_batch(self, local: PyTree, global_batch_size: int) -> PyTree:
+        """The global batch, as arrays split over the data axis, from this process's rows (`local_rows`).
+        Unsharded: `jax.device_put` to the default device."""
+        if not self.sharded:
+            return jax.device_put(local)
+        return distributed.global_batch(local, self._batch_sharding, global_batch_size)
+
+    @property
+    def _batch_sharding(self) -> NamedSharding:
+        return NamedSharding(self.mesh, self.batch_spec)
+
+    def barrier(self, name: str) -> None:
+        """Wait until every process gets here (one process: return at once)."""
+        if self.num_processes > 1:
+            multihost_utils.sync_global_devices(name)
+
+    def stop_requested(self, requested: bool, check_now: bool) -> bool:
+        """Whether to save and stop now, given this process's own `requested` (a SIGTERM it received).
+
+        Saving is a collective, so every process must stop at the same step: with several processes the
+        flags are compared (an all-gather) only when `check_now` is True on all of them alike (at log
+        intervals, where the loop blocks anyway; comparing every step would make the host wait for every
+        step). One process: `requested`, at once."""
+        if self.num_processes == 1:
+            return requested
+        if not check_now:
+            return False
+        return bool(np.any(multihost_utils.process_allgather(np.asarray(requested))))
