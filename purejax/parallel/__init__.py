@@ -7,8 +7,12 @@
 - `data`: `vary`, the one cast whose transpose is data parallelism's gradient all-reduce.
 - `fsdp`: ZeRO-3: `fsdp_specs` splits params over the data axis too, `gather` all-gathers them before use.
 - `step`: `sharded_train_step`, `purejax.optim.train_step` under `shard_map`.
+- `distributed`: `initialize` (jax.distributed from flags or environment), `is_main`, and the global batch
+  from the rows each process loads (`local_rows`, `global_batch`).
+- `launch`: `python -m purejax.parallel.launch --num_processes=N -- <program>`, N local processes of one run.
 
-docs/parallelism.md draws who holds what in each mode and which collective moves it.
+docs/parallelism.md draws who holds what in each mode and which collective moves it; docs/multihost.md
+says how to run on several processes and hosts.
 """
 
 from purejax.parallel.data import vary

@@ -8,8 +8,10 @@ Each process gets `PUREJAX_COORDINATOR=127.0.0.1:<free port>`, `PUREJAX_NUM_PROC
 makes each simulate that many CPU devices (XLA's `--xla_force_host_platform_device_count`), which is how the
 tests run a 2-process x 2-device job on one CPU. Output lines are prefixed with the process id.
 
-The wall-clock `--timeout` is the last resort against a hang: when it passes, every process still running is
-killed, as it is when the launcher itself is interrupted (Ctrl-C) or terminated (SIGTERM). A peer that dies
+The launcher passes its first SIGTERM or SIGINT on to every process, so that a program which saves on a
+signal (like `train.gpt`) stops cleanly on a preemption notice; a second one kills them all. The wall-clock
+`--timeout` is the last resort against a hang: when it passes, every process still running is killed. A peer
+that dies
 is normally noticed sooner by JAX's heartbeats (`PUREJAX_HEARTBEAT_TIMEOUT`), which make the others abort. The exit status is 0 when every process exited 0, 124 on a timeout, and otherwise the
 first non-zero status (a negative status -N, killed by signal N, is reported as 128 + N, as shells do).
 
@@ -27,6 +29,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from purejax.parallel import distributed
 
@@ -56,6 +59,7 @@ def launch(
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike | None = None,
     echo: bool = False,
+    forward_signals: bool = False,
 ) -> list[ProcessResult]:
     """Run `python *args` as `num_processes` processes of one JAX run; wait for all of them (at most
     `timeout` seconds, then kill the rest) and return what each did, in process order.
@@ -68,6 +72,8 @@ def launch(
         env: the environment to start from (default: this process's), plus the variables set here.
         cwd: the working directory of every process.
         echo: also print each output line as it arrives, prefixed `[process_id]`.
+        forward_signals: pass the first SIGTERM or SIGINT this process gets on to every process and keep
+            waiting for them; the second kills them all (call from the main thread).
     """
     if num_processes < 1:
         raise ValueError(f"launch: num_processes must be at least 1, got {num_processes}")
@@ -79,6 +85,7 @@ def launch(
     base[distributed.ENV_NUM_PROCESSES] = str(num_processes)
     procs, readers, outputs = [], [], []
     deadline = time.monotonic() + timeout
+    previous = _forward_signals_to(procs) if forward_signals else {}
     try:
         for i in range(num_processes):
             proc = subprocess.Popen(
@@ -97,6 +104,9 @@ def launch(
             if proc.poll() is None:
                 _kill(proc)
         raise
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     for reader in readers:
         reader.join(timeout=10)  # what is left in the pipe; a grandchild holding it open must not hang us
     return [ProcessResult(i, code, "".join(lines)) for i, (code, lines) in enumerate(zip(codes, outputs))]
@@ -127,15 +137,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = options.args[1:] if options.args[:1] == ["--"] else options.args
     if not args:
         parser.error("give the program after --, e.g. -- -m my_project.train or -- script.py")
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # kills the processes too
     results = launch(
         args, options.num_processes, timeout=options.timeout, devices_per_process=options.devices_per_process,
-        echo=True,
+        echo=True, forward_signals=True,
     )  # fmt: skip
     for r in results:
         status = f"killed after the {options.timeout:g} s timeout" if r.timed_out else f"exit status {r.returncode}"
         print(f"[launch] process {r.process_id}: {status}", file=sys.stderr)
     return exit_status(results)
+
+
+def _forward_signals_to(procs: list[subprocess.Popen]) -> dict[int, Any]:
+    """Handlers for SIGTERM and SIGINT: the first is sent on to each process's group, the second raises
+    SystemExit, which makes `launch` kill them. Returns the previous handlers."""
+    received = []
+
+    def forward(signum, frame):
+        if received:
+            raise SystemExit(128 + signum)
+        received.append(signum)
+        print(f"[launch] {signal.Signals(signum).name}: passed on to every process", file=sys.stderr, flush=True)
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signum)
+
+    return {signum: signal.signal(signum, forward) for signum in (signal.SIGTERM, signal.SIGINT)}
 
 
 def _free_port() -> int:

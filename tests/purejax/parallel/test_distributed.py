@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -198,14 +199,41 @@ def test_launch_kills_every_process_at_its_timeout():
     assert launch.exit_status(results) == launch.TIMED_OUT
 
 
-def test_terminating_the_launcher_kills_every_process():
+def _start_launcher(program: str) -> tuple[subprocess.Popen, list[int]]:
+    """`python -m purejax.parallel.launch` of 2 processes running `program`, which prints "pid N" first."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    show_pid = "import os, time; print('pid', os.getpid(), flush=True); time.sleep(600)"
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "purejax.parallel.launch", "--num_processes=2", "--", "-c", show_pid],
+        [sys.executable, "-m", "purejax.parallel.launch", "--num_processes=2", "--", "-c", program],
         env=env, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     pids = [int(launcher.stdout.readline().split()[-1]) for _ in range(2)]  # "[i] pid N"
+    return launcher, pids
+
+
+def test_terminating_the_launcher_passes_the_signal_on_so_programs_can_save():
+    graceful = (
+        "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (print('saving', flush=True), sys.exit(0)))\n"
+        "print('pid', os.getpid(), flush=True)\n"
+        "time.sleep(600)"
+    )
+    launcher, _ = _start_launcher(graceful)
+    launcher.terminate()
+    assert launcher.wait(timeout=30) == 0
+    assert launcher.stdout.read().count("saving") == 2
+
+
+def test_terminating_the_launcher_twice_kills_every_process():
+    stubborn = (
+        "import os, signal, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('pid', os.getpid(), flush=True)\n"
+        "time.sleep(600)"
+    )
+    launcher, pids = _start_launcher(stubborn)
+    launcher.terminate()
+    time.sleep(1)
+    assert launcher.poll() is None  # the processes ignore the first signal, so the launcher keeps waiting
     launcher.terminate()
     assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
     for pid in pids:
