@@ -114,18 +114,22 @@ def flat(tree) -> dict:
     return tree_lib.flatten(tree)
 
 
-def save_raw(tree, path, piece: int = 64 * 2**20):
-    """The tree's bytes, leaf after leaf from the arrays' own memory, in writes of at most 64 MiB each followed
-    by the hint that starts the disk on them (as purejax does), then fsync: the sequential-write ceiling.
-    (The bytes must be the real, incompressible ones: a buffer of constants writes far faster on a disk
-    that compresses or deduplicates, as this machine's virtual disk appears to.)"""
-    start, offset = time.perf_counter(), 0
+def save_raw(tree, path, piece: int = 512 * 2**10, hint_every: int = 64 * 2**20):
+    """The tree's bytes, leaf after leaf from the arrays' own memory, in writes of 512 KiB (the write pattern
+    that costs the least CPU here: each write's copy stays within the CPU's cache), with the hint that starts
+    the disk on them every 64 MiB (as purejax does), then fsync: the sequential-write ceiling, everything a
+    checkpoint writer must do except the checksums and the header. (The bytes must be the real,
+    incompressible ones: a buffer of constants writes far faster on a disk that compresses or deduplicates,
+    as this machine's virtual disk appears to.)"""
+    start, offset, hinted = time.perf_counter(), 0, 0
     with open(path, "wb", buffering=0) as f:
         for leaf in jax.tree_util.tree_leaves(tree):
             data = np.asarray(leaf).reshape(-1).view(np.uint8)
             for begin in range(0, data.nbytes, piece):
                 offset += f.write(data[begin : begin + piece])
-                os.posix_fadvise(f.fileno(), offset - piece, piece, os.POSIX_FADV_DONTNEED)
+                if offset - hinted >= hint_every:
+                    os.posix_fadvise(f.fileno(), hinted, offset - hinted, os.POSIX_FADV_DONTNEED)
+                    hinted = offset
         os.fsync(f.fileno())
     return time.perf_counter() - start
 

@@ -46,7 +46,7 @@ import numpy as np
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from bench.timing import interleaved_medians
-from models import gpt
+from models import gpt, gpt_hf
 from purejax import optim
 from purejax.precision import Policy
 from train import gpt as train_gpt
@@ -113,13 +113,14 @@ def optax_adamw():
 # ---------------------------------------------------------------- purejax
 
 
-def make_purejax(weights, config, x, y, layers="scan"):
-    """The step of train/gpt.py: optim.train_step with make_optimizer and make_loss_fn, jitted, state donated."""
+def make_purejax(weights, config, x, y, layers="scan", *, optimizer=None, donate=True):
+    """The step of train/gpt.py: optim.train_step with make_optimizer and make_loss_fn, jitted, state donated.
+    `optimizer` and `donate` let bench/gpt_anatomy.py time variants of the same step."""
     model = dataclasses.replace(config, layers=layers)
-    optimizer = train_gpt.make_optimizer(TRAIN)
+    optimizer = optimizer or train_gpt.make_optimizer(TRAIN)
     loss_fn = train_gpt.make_loss_fn(model, Policy(jnp.float32, "float32", jnp.float32))
     step_fn = partial(optim.train_step, loss_fn=loss_fn, optimizer=optimizer, max_grad_norm=GRAD_CLIP)
-    step_fn = jax.jit(step_fn, donate_argnums=0)
+    step_fn = jax.jit(step_fn, donate_argnums=0 if donate else ())
     state = optim.init_train_state(jax.tree.map(jnp.array, weights), optimizer, jax.random.key(0))
     batch = (jnp.asarray(x), jnp.asarray(y))
 
@@ -134,10 +135,13 @@ def make_purejax(weights, config, x, y, layers="scan"):
 # ---------------------------------------------------------------- raw JAX
 
 
-def raw_weights(weights, stacked: bool):
-    """purejax's layout -> {"wte", "wpe", "ln_f", "blocks"}: a list of per-layer dicts, or (stacked) one dict."""
+def raw_weights(weights, config, stacked: bool):
+    """purejax's layout -> {"wte", "wpe", "ln_f", "blocks"}: a list of per-layer dicts, or (stacked) one dict.
+    The fused qkv columns go from purejax's per-head grouped order to nanoGPT's [q | k | v], which every peer
+    splits in three (the same conversion as for Hugging Face files)."""
     b = weights["blocks"]
-    blocks = {"ln_1": b["ln_1"]["scale"], "qkv": b["attn"]["qkv"]["w"], "attn_proj": b["attn"]["proj"]["w"],
+    qkv = gpt_hf.qkv_to_hf(np.asarray(b["attn"]["qkv"]["w"]), config)
+    blocks = {"ln_1": b["ln_1"]["scale"], "qkv": qkv, "attn_proj": b["attn"]["proj"]["w"],
               "ln_2": b["ln_2"]["scale"], "fc": b["mlp"]["fc"]["w"], "mlp_proj": b["mlp"]["proj"]["w"]}  # fmt: skip
     if not stacked:
         blocks = [{k: v[i] for k, v in blocks.items()} for i in range(len(blocks["qkv"]))]
@@ -190,7 +194,7 @@ def raw_train_step(state, x, y, n_head, stacked):
 
 
 def make_raw(weights, config, x, y, stacked=False):
-    params = jax.tree.map(jnp.array, raw_weights(weights, stacked))
+    params = jax.tree.map(jnp.array, raw_weights(weights, config, stacked))
     zeros = lambda: jax.tree.map(jnp.zeros_like, params)  # noqa: E731
     state = (params, zeros(), zeros(), jnp.zeros((), jnp.int32))  # params, Adam's mu and nu, steps taken
     step_fn = jax.jit(partial(raw_train_step, n_head=config.n_head, stacked=stacked), donate_argnums=0)
@@ -240,7 +244,7 @@ def nnx_model(weights, config):
             return self.wte.attend(self.ln_f(x))
 
     model = GPT(config, nnx.Rngs(0))
-    r = raw_weights(weights, stacked=False)
+    r = raw_weights(weights, config, stacked=False)
     model.wte.embedding.value, model.wpe.embedding.value = jnp.array(r["wte"]), jnp.array(r["wpe"])
     model.ln_f.scale.value = jnp.array(r["ln_f"])
     for block, p in zip(model.blocks, r["blocks"]):
@@ -339,7 +343,7 @@ def equinox_model(weights, config):
             return jax.vmap(self.ln_f)(x) @ self.wte.weight.T
 
     model = GPT(config, jax.random.key(0))
-    r = raw_weights(weights, stacked=False)
+    r = raw_weights(weights, config, stacked=False)
     names = ("ln_1", "ln_2", "qkv", "attn_proj", "fc", "mlp_proj")
     where = lambda m: (m.wte.weight, m.wpe.weight, m.ln_f.weight,  # noqa: E731
                        *[getattr(b, n).weight for b in m.blocks for n in names])  # fmt: skip
@@ -411,7 +415,7 @@ def torch_model(weights, config):
             return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
     model = GPT(config)
-    r = raw_weights(weights, stacked=False)
+    r = raw_weights(weights, config, stacked=False)
     with torch.no_grad():
         for name, value in (("wte", r["wte"]), ("wpe", r["wpe"]), ("ln_f", r["ln_f"])):
             getattr(model, name).weight.copy_(torch.from_numpy(np.array(value)))

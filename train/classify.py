@@ -5,7 +5,7 @@
     python -m train.classify --epochs=30 --init_from=resume    # continue out_dir's newest checkpoint, bit for bit
 
 Settings are the fields of `ClassifyConfig`; `--key=value` sets one. Data come from train/data/images.py with
-their fixed train/test splits (digits: the last 20% of scikit-learn's file is the test set). Each epoch is a
+their fixed train/test splits (digits: a seeded, stratified 20% of each class is the test set). Each epoch is a
 seeded shuffle of the training images, optionally shifted by up to `shift` pixels (a random crop of the
 zero-padded image), then the test accuracy in eval mode (BatchNorm's running statistics). The run writes
 `out_dir/ckpt_*.msgpack` (params, optimizer and BatchNorm state, the key), `metrics.jsonl`, `loss.png`, and at

@@ -64,6 +64,7 @@ class TrainConfig:
     n_mixer: int = 0
     mask_ratio: float = 0.0
     n_experts: int = 0
+    layers: Literal["scan", "loop"] = "scan"  # "loop" runs faster on CPU at this depth, "scan" compiles flat in depth
     # rectified flow
     time_sampling: Literal["uniform", "logit_normal"] = "logit_normal"
     shift: float = 1.0
@@ -111,7 +112,7 @@ class TrainConfig:
             return dit.DiTConfig(input_size=size, in_channels=channels, n_classes=data.num_classes, learn_sigma=False,
                                  time_scale=1000.0, patch_size=self.patch_size, d_model=self.d_model,
                                  n_layer=self.n_layer, n_head=self.n_head, mlp_ratio=self.mlp_ratio,
-                                 n_mixer=self.n_mixer, n_experts=self.n_experts)  # fmt: skip
+                                 n_mixer=self.n_mixer, n_experts=self.n_experts, layers=self.layers)  # fmt: skip
         except ValueError as e:
             raise config_lib.ConfigError(str(e)) from None
 

@@ -41,9 +41,9 @@ def frechet_distance(a: Float[np.ndarray, "n_a *shape"], b: Float[np.ndarray, "n
 
 
 def fit_classifier(images: Float[np.ndarray, "n *shape"], labels: Int[np.ndarray, " n"]):
-    """An RBF support-vector classifier on the flattened pixels (as scikit-learn's digits example): 96.1% on
-    the 8x8 digits' fixed test split, whose writers mostly differ from the training set's. Independent of the
-    generator: it never sees a generated image."""
+    """An RBF support-vector classifier on the flattened pixels (as scikit-learn's digits example): 99.4% on
+    the 8x8 digits' fixed stratified test split. Independent of the generator: it never sees a generated
+    image."""
     from sklearn.svm import SVC
 
     return SVC(gamma=0.25, C=10.0).fit(np.asarray(images).reshape(len(images), -1), np.asarray(labels))

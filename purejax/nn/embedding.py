@@ -18,6 +18,7 @@ from jaxtyping import Array, ArrayLike, Float, Integer, PRNGKeyArray
 
 from purejax.nn import initializers
 from purejax.nn._check import check_dim, check_keys
+from purejax.nn._matmul import matmul_rows
 
 Params = dict[str, Array]
 
@@ -66,4 +67,4 @@ def attend(params: Params, x: Float[ArrayLike, "*batch d_model"]) -> Float[Array
     this device's slice of the logits."""
     check_keys(params, "embedding", required=("w",))
     check_dim("embedding.attend", "x", x, -1, params["w"].shape[1], f"params['w'] of shape {tuple(params['w'].shape)}")
-    return x @ params["w"].T
+    return matmul_rows(x, params["w"].T)  # x @ w.T, as one 2-D product: see _matmul.py for why

@@ -18,6 +18,7 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from purejax.nn import initializers
 from purejax.nn._check import check_dim, check_keys
+from purejax.nn._matmul import matmul_rows
 
 Params = dict[str, Array]
 
@@ -47,7 +48,7 @@ def apply(
     the module docstring): the result is summed over that mesh axis before the bias."""
     check_keys(params, "linear", required=("w",), optional=("b",))
     check_dim("linear", "x", x, -1, params["w"].shape[0], f"params['w'] of shape {tuple(params['w'].shape)}")
-    y = x @ params["w"]
+    y = matmul_rows(x, params["w"])  # x @ w, as one 2-D product: see _matmul.py for why
     if axis_name is not None:
         y = jax.lax.psum(y, axis_name)
     if "b" in params:

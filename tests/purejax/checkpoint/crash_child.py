@@ -43,11 +43,14 @@ def die_before_operation(k: int) -> None:
 
         return operation
 
-    write._write = counted(write._write)
+    write._write_at = counted(write._write_at)
     os.fsync, os.replace, os.unlink = counted(os.fsync), counted(os.replace), counted(os.unlink)
 
 
 def save_step_2(directory: Path, k: int) -> None:
+    # Small spans and pieces, so that these tiny records are written as a large one is: in pieces, by the
+    # writer threads, in no fixed order; a kill can then land between any two of their writes.
+    write._SPAN_BYTES, write._PIECE_BYTES = 32, 16
     try:
         manager = checkpoint.CheckpointManager(directory, keep_last=1, chunk_bytes=CHUNK_BYTES)
         die_before_operation(k)

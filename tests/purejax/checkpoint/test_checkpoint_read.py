@@ -268,12 +268,13 @@ def test_every_flipped_bit_is_detected_and_located(tmp_path):
 
 
 def test_records_read_in_many_spans_and_pieces_verify_each_span(tmp_path, monkeypatch):
-    """With tiny pieces (save) and spans and pieces (restore), each record is written in pieces and read by
+    """With tiny spans and pieces (save and restore), each record is written by several threads and read by
     several threads in spans whose CRCs are combined: the values round-trip, and a flipped bit in the
     first, a middle or the last span of a record is caught and located."""
     from purejax.checkpoint import read, write
 
     monkeypatch.setattr(write, "_PIECE_BYTES", 3)
+    monkeypatch.setattr(write, "_SPAN_BYTES", 12)
     monkeypatch.setattr(read, "_SPAN_BYTES", 10)
     monkeypatch.setattr(read, "_PIECE_BYTES", 4)
     clean = tmp_path / "clean"

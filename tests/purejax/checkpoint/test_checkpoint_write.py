@@ -31,13 +31,14 @@ def test_a_failing_save_keeps_the_old_file_and_removes_its_temporary(tmp_path, m
     checkpoint.save(path, {"w": np.zeros(1000)}, step=1)
     writes = []
 
-    def failing_write(f, data):
+    def failing_write(fd, data, offset):
         writes.append(len(data))
-        if len(writes) == 4:  # after the header and the first record
+        if len(writes) == 4:  # after the header and the first records
             raise OSError(28, "No space left on device")
-        f.write(data)
+        os.pwrite(fd, data, offset)
 
-    monkeypatch.setattr(write, "_write", failing_write)
+    monkeypatch.setattr(write, "_write_at", failing_write)
+    monkeypatch.setattr(write, "_PIECE_BYTES", 64)  # records of 100 bytes go to the writer threads
     with pytest.raises(OSError, match="No space left"):
         checkpoint.save(path, {"w": np.ones(1000)}, step=2, chunk_bytes=100)
     assert os.listdir(tmp_path) == ["ckpt.msgpack"]

@@ -165,7 +165,7 @@ def test_errors_name_the_process_and_what_to_do(two_processes):
         assert f"process {p} holds the non-contiguous row blocks" in interleaved
         assert "jax.devices() in order" in interleaved
         rows = "0..4" if p == 0 else "4..8"
-        assert f"leaf ['x'] has 8 rows" in wrong_rows and f"process {p} of 2 owns rows {rows} (4 rows)" in wrong_rows
+        assert "leaf ['x'] has 8 rows" in wrong_rows and f"process {p} of 2 owns rows {rows} (4 rows)" in wrong_rows
         assert "a global batch of shape (6, 16) does not fit the sharding" in indivisible
 
 
