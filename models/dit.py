@@ -242,25 +242,28 @@ def block(params: Params, x: Float[Array, "batch seq d_model"], c: Float[Array, 
 
 
 def moe_init(key: PRNGKeyArray, d: int, d_hidden: int, n_experts: int) -> Params:
-    """A router (d -> n_experts, zero-initialised: uniform routing at the start) and n_experts MLPs stacked
-    on a leading expert axis."""
+    """A router (d -> n_experts, small normal weights N(0, 0.02^2): near-uniform routing at the start, but not
+    all tokens tied on the same experts, as zeros would make them) and n_experts MLPs stacked on a leading
+    expert axis."""
     keys, xavier = prandom.named_keys(key, "router", "experts"), initializers.xavier_uniform()
     return {
-        "router": linear.init(keys["router"], d, n_experts, bias=False, w_init=initializers.zeros),
+        "router": linear.init(keys["router"], d, n_experts, bias=False, w_init=initializers.normal(0.02)),
         "experts": stack.init(keys["experts"], n_experts, lambda k: mlp.init(k, d, d_hidden, w_init=xavier)),
     }
 
 
 def moe_apply(params: Params, x: Float[Array, "batch seq d"], top_k: int) -> Float[Array, "batch seq d"]:
     """Token-choice top-k mixture of experts: sum over each token's top_k experts of gate * expert(x), gates
-    the router's softmax renormalised over the chosen experts (Shazeer et al. 2017; Mixtral).
+    the router's softmax renormalised over the chosen experts (Shazeer et al. 2017; Mixtral). With top_k=1
+    the gate is the chosen expert's softmax probability itself (Switch Transformer): renormalised it would
+    always be 1, and the router would get no gradient.
 
     Every expert runs on every token and the unchosen outputs get weight 0: exact, simple, and cheap for the
     few experts of a small model; it is not the dispatch a large MoE needs. MicroDiT itself uses
     expert-choice routing in every other block; no load-balancing loss is applied here."""
     logits = linear.apply(params["router"], x).astype(jnp.float32)
     top, chosen = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), top_k)
-    gates = top / jnp.sum(top, axis=-1, keepdims=True)
+    gates = top if top_k == 1 else top / jnp.sum(top, axis=-1, keepdims=True)
     weights = jnp.sum(jax.nn.one_hot(chosen, logits.shape[-1]) * gates[..., None], axis=-2)  # (batch, seq, E)
     outs = jax.vmap(lambda p: mlp.apply(p, x, activation=activations.gelu_tanh))(params["experts"])
     return jnp.einsum("bse,ebsd->bsd", weights.astype(x.dtype), outs)
@@ -281,6 +284,7 @@ def init(key: PRNGKeyArray, config: DiTConfig) -> Params:
     """DiT's `initialize_weights`: xavier-uniform linears and patch projection, N(0, 0.02^2) class table and
     timestep MLP, zero adaLN modulation everywhere and a zero final projection (adaLN-Zero)."""
     keys = prandom.named_keys(key, "patch", "t_mlp", "classes", "mixer", "blocks", "final")
+    final_keys = prandom.named_keys(keys["final"], "adaln", "proj")
     d, p = config.d_model, config.patch_size
     params = {
         "patch": linear.init(keys["patch"], p * p * config.in_channels, d, w_init=initializers.xavier_uniform()),
@@ -288,8 +292,8 @@ def init(key: PRNGKeyArray, config: DiTConfig) -> Params:
         "classes": embedding.init(keys["classes"], config.n_classes + 1, d, w_init=initializers.normal(0.02)),
         "blocks": stack.init(keys["blocks"], config.n_layer, lambda k: block_init(k, config, moe=config.n_experts > 0)),
         "final": {
-            "adaln": linear.init(keys["final"], d, 2 * d, w_init=initializers.zeros),
-            "proj": linear.init(keys["final"], d, p * p * config.out_channels, w_init=initializers.zeros),
+            "adaln": linear.init(final_keys["adaln"], d, 2 * d, w_init=initializers.zeros),
+            "proj": linear.init(final_keys["proj"], d, p * p * config.out_channels, w_init=initializers.zeros),
         },
     }
     if config.n_mixer:
@@ -365,9 +369,13 @@ def apply_masked(
     patches: the loss belongs on those only. mask_ratio 0 is `apply` (every pixel kept)."""
     if not 0.0 <= mask_ratio < 1.0:
         raise ValueError(f"dit.apply_masked: mask_ratio must be in [0, 1), got {mask_ratio}")
+    seq = config.seq
+    if (n_keep := seq - round(mask_ratio * seq)) < 1:
+        raise ValueError(f"dit.apply_masked: mask_ratio={mask_ratio} of {seq} patches keeps none of them "
+                         f"(the loss would be 0); use at most {(seq - 0.5) / seq:.3f}")  # fmt: skip
     tokens, c = mixed_tokens(params, x, t, y, config)
-    batch, seq = tokens.shape[0], config.seq
-    ids = keep_ids(key, batch, seq, seq - round(mask_ratio * seq))
+    batch = tokens.shape[0]
+    ids = keep_ids(key, batch, seq, n_keep)
     tokens = jnp.take_along_axis(tokens, ids[..., None], axis=1)
     out = final_layer(params["final"], run_blocks(params["blocks"], tokens, c, config), c)
     rows = jnp.arange(batch)[:, None]
@@ -405,9 +413,11 @@ def _check_inputs(params: Params, x: Any, t: Any, y: Any, config: DiTConfig) -> 
             raise ValueError(f"dit: {name} has shape {a.shape}, expected ({x.shape[0]},): one per image")
     if not jnp.issubdtype(y.dtype, jnp.integer):
         raise TypeError(f"dit: y must hold integer class ids (n_classes={config.n_classes} is the null class), got {y.dtype}")
-    got = tuple(params["patch"]["w"].shape), stack.depth(params["blocks"], "params['blocks']")
-    expected = (config.patch_size**2 * config.in_channels, config.d_model), config.n_layer
+    mixer = stack.depth(params["mixer"], "params['mixer']") if config.n_mixer else 0
+    got = tuple(params["patch"]["w"].shape), stack.depth(params["blocks"], "params['blocks']"), mixer
+    expected = (config.patch_size**2 * config.in_channels, config.d_model), config.n_layer, config.n_mixer
     if got != expected:
-        raise ValueError(f"dit: params have a patch projection of shape {got[0]} and {got[1]} blocks, but {config} "
-                         f"needs {expected[0]} and {expected[1]}; were the params made with another config?")  # fmt: skip
+        raise ValueError(f"dit: params have a patch projection of shape {got[0]}, {got[1]} blocks and {got[2]} mixer "
+                         f"blocks, but {config} needs {expected[0]}, {expected[1]} and {expected[2]}; were the params "
+                         f"made with another config?")  # fmt: skip
     return x, t, y

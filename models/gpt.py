@@ -224,8 +224,8 @@ def hidden(
 
 def _prepare(params: Params, idx: Any, config: GPTConfig, cache: Cache | None, axes: MeshAxes | None) -> tuple:
     """Checks the inputs; with data parallelism, casts the replicated params to varying over the data axis
-    (whose transpose sums their gradients); with FSDP, all-gathers the params used once per step (wte, wpe,
-    ln_f) and leaves the blocks to be gathered one at a time inside the scan. Returns (params, their specs or
+    (whose transpose sums their gradients); with FSDP, all-gathers the split params used once per pass
+    (wte, wpe; the vectors, ln_f among them, are never split) and leaves the blocks to be gathered one at a time inside the scan. Returns (params, their specs or
     None, axes)."""
     axes = MeshAxes() if axes is None else axes
     sharded = axes != MeshAxes()
@@ -465,7 +465,7 @@ def _check_inputs(params: Params, idx: Any, config: GPTConfig, cache: Cache | No
             f"crop the input to its last {config.block_size} tokens"
         )
     if specs is not None:  # on a mesh: every leaf must be this device's shard of the param
-        sizes = {name: jax.lax.axis_size(name) for spec in jax.tree.leaves(specs) for name in spec if name}
+        sizes = {name: jax.lax.axis_size(name) for spec in jax.tree.leaves(specs) for name in parallel.spec_axes(spec)}
         local = jax.tree.map(
             lambda s, spec: jax.ShapeDtypeStruct(parallel.local_shape(s.shape, spec, sizes), s.dtype), _shapes(config), specs
         )

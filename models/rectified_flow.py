@@ -46,15 +46,15 @@ class FlowConfig:
         shift: the resolution shift (1: none), applied after sampling t; see the module docstring.
         label_dropout: probability that a training label is replaced by the null class, which teaches the
             unconditional velocity classifier-free guidance needs (DiT and SD3: 0.1).
-        null_class: the label id meaning "no label" (`DiTConfig.null_class`, i.e. n_classes).
+        null_class: the label id meaning "no label" (`DiTConfig.null_class`, i.e. n_classes). Required.
     """
 
+    null_class: int  # no default: a wrong one silently trains a real class (or NaN) as "no label"
     time_sampling: Literal["uniform", "logit_normal"] = "logit_normal"
     logit_mean: float = 0.0
     logit_std: float = 1.0
     shift: float = 1.0
     label_dropout: float = 0.1
-    null_class: int = 10
 
     def __post_init__(self):
         if self.time_sampling not in ("uniform", "logit_normal"):

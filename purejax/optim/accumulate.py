@@ -52,7 +52,8 @@ def accumulate_gradients(
     if micro_batches < 1:
         raise ValueError(f"micro_batches must be a positive integer, got {micro_batches}")
     stacked = split_micro_batches(batch, micro_batches)
-    total = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.promote_types(p.dtype, jnp.float32)), params)
+    # zeros_like, not zeros(p.shape): inside shard_map it keeps the mesh axes p varies over (a sharded param)
+    total = jax.tree_util.tree_map(lambda p: jnp.zeros_like(p, jnp.promote_types(p.dtype, jnp.float32)), params)
 
     def body(total: PyTree, xs: tuple[PyTree, PRNGKeyArray]) -> tuple[PyTree, PyTree]:
         grads, aux = grad_fn(params, *xs)

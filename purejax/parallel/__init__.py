@@ -18,7 +18,7 @@ says how to run on several processes and hosts.
 from purejax.parallel.data import vary
 from purejax.parallel.fsdp import fsdp_specs, gather, layer_specs
 from purejax.parallel.mesh import DATA, MODEL, MeshAxes, make_mesh, parse_mesh
-from purejax.parallel.specs import check_divisible, local_shape, shard, specs_from_rules, state_specs
+from purejax.parallel.specs import check_divisible, local_shape, shard, spec_axes, specs_from_rules, state_specs
 from purejax.parallel.step import sharded_train_step
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "parse_mesh",
     "shard",
     "sharded_train_step",
+    "spec_axes",
     "specs_from_rules",
     "state_specs",
     "vary",

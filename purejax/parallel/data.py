@@ -18,6 +18,8 @@ from typing import Any
 import jax
 from jax.sharding import PartitionSpec as P
 
+from purejax.parallel.specs import spec_axes
+
 PyTree = Any
 
 
@@ -27,7 +29,6 @@ def vary(tree: PyTree, specs: PyTree, axis: str) -> PyTree:
     are varying already; they come back as they are."""
 
     def one(x, spec):
-        split = any(entry == axis or (isinstance(entry, tuple) and axis in entry) for entry in spec)
-        return x if split else jax.lax.pcast(x, axis, to="varying")
+        return x if axis in spec_axes(spec) else jax.lax.pcast(x, axis, to="varying")
 
     return jax.tree_util.tree_map(one, tree, specs, is_leaf=lambda x: isinstance(x, P))

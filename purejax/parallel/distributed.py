@@ -108,11 +108,12 @@ def initialize(
         _check_complete(settings)
     try:
         jax.distributed.initialize(**settings, **timeouts)
-    except RuntimeError as e:
+    except RuntimeError as e:  # also jax's own runtime errors: a coordinator that cannot be reached, a port in use
+        hint = (" Call purejax.parallel.initialize() first in your program, before anything (including code run "
+                "at import time) creates an array or asks for devices.") if "must be called before" in str(e) else ""  # fmt: skip
         raise RuntimeError(
             f"initialize(process {settings['process_id']} of {settings['num_processes']}, coordinator "
-            f"{settings['coordinator_address']}): {e} Call purejax.parallel.initialize() first in your program, "
-            "before anything (including code run at import time) creates an array or asks for devices."
+            f"{settings['coordinator_address']}): {e}{hint}"
         ) from e
 
 

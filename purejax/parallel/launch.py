@@ -9,11 +9,13 @@ makes each simulate that many CPU devices (XLA's `--xla_force_host_platform_devi
 tests run a 2-process x 2-device job on one CPU. Output lines are prefixed with the process id.
 
 The launcher passes its first SIGTERM or SIGINT on to every process, so that a program which saves on a
-signal (like `train.gpt`) stops cleanly on a preemption notice; a second one kills them all. The wall-clock
-`--timeout` is the last resort against a hang: when it passes, every process still running is killed. A peer
-that dies
-is normally noticed sooner by JAX's heartbeats (`PUREJAX_HEARTBEAT_TIMEOUT`), which make the others abort. The exit status is 0 when every process exited 0, 124 on a timeout, and otherwise the
-first non-zero status (a negative status -N, killed by signal N, is reported as 128 + N, as shells do).
+signal (like `train.gpt`) stops cleanly on a preemption notice; a second one kills them all. When one process
+fails, the others get `--failure_grace` seconds (30) to notice and exit on their own (JAX's heartbeats,
+`PUREJAX_HEARTBEAT_TIMEOUT`, make them abort), then they are killed: a process that died before joining the
+run would otherwise leave the others waiting in `initialize` for minutes. The wall-clock `--timeout` is the
+last resort against a hang: when it passes, every process still running is killed. The exit status is 0 when
+every process exited 0, 124 on a timeout, and otherwise the status of the process that failed first (a
+negative status -N, killed by signal N, is reported as 128 + N, as shells do).
 
 On several hosts there is nothing to launch from one place: run the program once per host with the
 variables set (docs/multihost.md).
@@ -44,6 +46,7 @@ class ProcessResult:
     process_id: int
     returncode: int | None
     output: str
+    ended: float = 0.0  # when it ended (time.monotonic()), to tell which failure came first
 
     @property
     def timed_out(self) -> bool:
@@ -60,6 +63,7 @@ def launch(
     cwd: str | os.PathLike | None = None,
     echo: bool = False,
     forward_signals: bool = False,
+    failure_grace: float = 30.0,
 ) -> list[ProcessResult]:
     """Run `python *args` as `num_processes` processes of one JAX run; wait for all of them (at most
     `timeout` seconds, then kill the rest) and return what each did, in process order.
@@ -74,6 +78,7 @@ def launch(
         echo: also print each output line as it arrives, prefixed `[process_id]`.
         forward_signals: pass the first SIGTERM or SIGINT this process gets on to every process and keep
             waiting for them; the second kills them all (call from the main thread).
+        failure_grace: once a process has failed, seconds the others get to exit before they are killed.
     """
     if num_processes < 1:
         raise ValueError(f"launch: num_processes must be at least 1, got {num_processes}")
@@ -98,7 +103,7 @@ def launch(
             prefix = f"[{i}] " if echo else None
             readers.append(threading.Thread(target=_collect, args=(proc, outputs[-1], prefix), daemon=True))
             readers[-1].start()
-        codes = [_wait(proc, deadline) for proc in procs]
+        codes, ended = _wait_all(procs, deadline, failure_grace)
     except BaseException:  # Ctrl-C, SIGTERM turned into SystemExit, a failed start: leave nothing running
         for proc in procs:
             if proc.poll() is None:
@@ -109,18 +114,19 @@ def launch(
             signal.signal(signum, handler)
     for reader in readers:
         reader.join(timeout=10)  # what is left in the pipe; a grandchild holding it open must not hang us
-    return [ProcessResult(i, code, "".join(lines)) for i, (code, lines) in enumerate(zip(codes, outputs))]
+    return [ProcessResult(i, code, "".join(lines), end) for i, (code, lines, end) in enumerate(zip(codes, outputs, ended))]
 
 
 def exit_status(results: Sequence[ProcessResult]) -> int:
-    """0 if every process exited 0; 124 if any had to be killed at the timeout; else the first failure's
-    status, with death by signal N reported as 128 + N."""
+    """0 if every process exited 0; 124 if any had to be killed at the timeout; else the status of the
+    process that failed first, with death by signal N reported as 128 + N."""
     if any(r.timed_out for r in results):
         return TIMED_OUT
-    failed = [r.returncode for r in results if r.returncode]
+    failed = sorted((r for r in results if r.returncode), key=lambda r: r.ended)  # stable: ties in process order
     if not failed:
         return 0
-    return 128 - failed[0] if failed[0] < 0 else failed[0]
+    first = failed[0].returncode
+    return 128 - first if first < 0 else first
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -132,6 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--num_processes", type=int, required=True, help="processes to start")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before every process is killed")
     parser.add_argument("--devices_per_process", type=int, default=None, help="simulated CPU devices each")
+    parser.add_argument("--failure_grace", type=float, default=30.0,
+                        help="once a process has failed, seconds the others get before they are killed")  # fmt: skip
     parser.add_argument("args", nargs=argparse.REMAINDER, help="after --: what follows `python`")
     options = parser.parse_args(argv)
     args = options.args[1:] if options.args[:1] == ["--"] else options.args
@@ -139,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give the program after --, e.g. -- -m my_project.train or -- script.py")
     results = launch(
         args, options.num_processes, timeout=options.timeout, devices_per_process=options.devices_per_process,
-        echo=True, forward_signals=True,
+        echo=True, forward_signals=True, failure_grace=options.failure_grace,
     )  # fmt: skip
     for r in results:
         status = f"killed after the {options.timeout:g} s timeout" if r.timed_out else f"exit status {r.returncode}"
@@ -178,13 +186,27 @@ def _collect(proc: subprocess.Popen, lines: list[str], prefix: str | None) -> No
             print(prefix + line, end="", flush=True)
 
 
-def _wait(proc: subprocess.Popen, deadline: float) -> int | None:
-    """The process's exit status, or None after killing its process group at the deadline."""
-    try:
-        return proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        _kill(proc)
-        return None
+def _wait_all(procs: Sequence[subprocess.Popen], deadline: float, grace: float) -> tuple[list, list[float]]:
+    """Every process's exit status and when it ended. A process still running at `deadline` is killed and
+    gets None (timed out); once one has failed, those still running `grace` seconds later are killed and
+    get their signal status."""
+    codes, ended, kill_at = [None] * len(procs), [0.0] * len(procs), deadline
+    running = set(range(len(procs)))
+    while running:
+        now = time.monotonic()
+        for i in sorted(running):
+            if procs[i].poll() is not None:
+                codes[i], ended[i] = procs[i].returncode, now
+                running.discard(i)
+                if procs[i].returncode:
+                    kill_at = min(kill_at, now + grace)
+        if running and now >= kill_at:
+            for i in running:
+                _kill(procs[i])
+                codes[i], ended[i] = (None if kill_at == deadline else procs[i].returncode), time.monotonic()
+            break
+        time.sleep(0.05)
+    return codes, ended
 
 
 def _kill(proc: subprocess.Popen) -> None:

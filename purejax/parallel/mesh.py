@@ -78,10 +78,13 @@ class MeshAxes:
     @classmethod
     def of(cls, mesh: jax.sharding.Mesh, *, fsdp: bool = False) -> "MeshAxes":
         """The axes of a `make_mesh` mesh, leaving out those of size 1: a 1 x 8 mesh is pure tensor
-        parallelism, with no data-parallel collectives at all (and no FSDP, which needs 2 data shards)."""
+        parallelism, with no data-parallel collectives at all. FSDP needs at least 2 data shards (else an error)."""
         sizes = dict(mesh.shape)
         missing = [name for name in (DATA, MODEL) if name not in sizes]
         if missing:
             raise ValueError(f"MeshAxes.of: the mesh has axes {tuple(sizes)}, not {missing}; build it with make_mesh")
         data = DATA if sizes[DATA] > 1 else None
-        return cls(data=data, model=MODEL if sizes[MODEL] > 1 else None, fsdp=fsdp and data is not None)
+        if fsdp and data is None:
+            raise ValueError(f"MeshAxes.of: fsdp shards params over the data axis, which has 1 device on this "
+                             f"mesh {sizes}; use a mesh with dp >= 2 or fsdp=False")  # fmt: skip
+        return cls(data=data, model=MODEL if sizes[MODEL] > 1 else None, fsdp=fsdp)

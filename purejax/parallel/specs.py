@@ -51,12 +51,22 @@ def specs_from_rules(shapes: PyTree, rules: Rules, roles: Mapping[str, str | Non
     return jax.tree_util.tree_map_with_path(spec_of, shapes)
 
 
+def spec_axes(spec: P) -> tuple[str, ...]:
+    """Every mesh axis `spec` splits over, in order: `P("data", ("model", "pipe"))` -> ("data", "model", "pipe")."""
+    return tuple(axis for entry in spec if entry is not None for axis in ((entry,) if isinstance(entry, str) else entry))
+
+
 def local_shape(shape: Sequence[int], spec: P, sizes: Mapping[str, int], name: str = "array") -> tuple[int, ...]:
     """The shape one device holds of an array of global `shape` split as `spec` over axes of these `sizes`.
     Raises, naming the array, the dimension and the axis, when a split is uneven."""
     out = list(shape)
+    if len(spec) > len(shape):
+        raise ValueError(f"{name} {tuple(shape)}: its spec {spec} has more entries than the array has dimensions")
     for dim, entry in enumerate(spec):
-        for axis in () if entry is None else (entry,) if isinstance(entry, str) else entry:
+        for axis in spec_axes(P(entry)):
+            if axis not in sizes:
+                raise ValueError(f"{name} {tuple(shape)}: its spec {spec} names mesh axis {axis!r}, but the mesh "
+                                 f"has axes {dict(sizes)}")  # fmt: skip
             size = sizes[axis]
             if out[dim] % size:
                 raise ValueError(
@@ -69,8 +79,10 @@ def local_shape(shape: Sequence[int], spec: P, sizes: Mapping[str, int], name: s
 
 def check_divisible(shapes: PyTree, specs: PyTree, sizes: Mapping[str, int]) -> None:
     """Raise if any leaf of `shapes` cannot be split as its spec says over a mesh with these axis `sizes`."""
-    for (path, leaf), spec in zip(tree_lib.flatten(shapes).items(), jax.tree_util.tree_leaves(specs, is_leaf=_is_spec)):
-        local_shape(leaf.shape, spec, sizes, path)
+    def check(path, spec, leaf):  # walking both trees at once raises if their structures differ
+        local_shape(leaf.shape, spec, sizes, tree_lib.path_to_str(path))
+
+    jax.tree_util.tree_map_with_path(check, specs, shapes, is_leaf=_is_spec)
 
 
 def shard(tree: PyTree, specs: PyTree, mesh: jax.sharding.Mesh) -> PyTree:

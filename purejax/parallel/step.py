@@ -12,8 +12,9 @@ data axis. None is written for the gradients. Why that is right:
 
     loss = psum(local sum over tokens, data) / psum(local count, data)      # the whole batch's mean
     params are replicated over data (the same on every device) and the batch is not, so wherever a param
-    meets a batch-dependent value, `check_vma=True` marks it as varying over data (a `pvary`, a no-op);
-    under jax.grad, the transpose of that pvary is a psum over data.
+    meets a batch-dependent value, it is cast to varying over data (`jax.lax.pcast(..., to="varying")`, a
+    no-op on the values, which `check_vma=True` requires); under jax.grad, the transpose of that cast is a
+    psum over data.
 
 So `jax.grad` of the averaged loss returns, on every device, the sum over shards of each shard's share of
 the whole-batch gradient: the gradient one device would compute from the whole batch, with one all-reduce

@@ -220,12 +220,13 @@ def test_dropped_patches_reach_the_kept_ones_only_through_the_mixer():
         assert (not np.allclose(out, out2, atol=1e-6)) == influences
 
 
-def test_mixture_of_experts_matches_numpy():
-    config = dataclasses.replace(CONFIG, n_experts=4, top_k=2)
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_mixture_of_experts_matches_numpy(top_k):
+    config = dataclasses.replace(CONFIG, n_experts=4, top_k=top_k)
     params = random_params(config)
     moe = jax.tree.map(lambda a: a[0], params["blocks"]["moe"])
     h = np.random.default_rng(7).normal(size=(2, 5, 32))
-    got = jax.jit(dit.moe_apply, static_argnums=2)(moe, jnp.asarray(h, jnp.float32), 2)
+    got = jax.jit(dit.moe_apply, static_argnums=2)(moe, jnp.asarray(h, jnp.float32), top_k)
 
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), moe)
     gelu = lambda a: 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * (a + 0.044715 * a**3)))  # noqa: E731
@@ -234,14 +235,44 @@ def test_mixture_of_experts_matches_numpy():
         for s in range(5):
             logits = h[b, s] @ p["router"]["w"]
             probs = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
-            top = np.argsort(-probs)[:2]
+            top = np.argsort(-probs)[:top_k]
             for e in top:
                 q = jax.tree.map(lambda a: a[e], p["experts"])
                 expert = gelu(h[b, s] @ q["fc"]["w"] + q["fc"]["b"]) @ q["proj"]["w"] + q["proj"]["b"]
-                want[b, s] += probs[e] / probs[top].sum() * expert
+                gate = probs[e] if top_k == 1 else probs[e] / probs[top].sum()  # Switch's gate; Mixtral's
+                want[b, s] += gate * expert
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     x, t, y = inputs(config)
     assert np.isfinite(np.asarray(apply(params, x, t, y, config))).all()
+
+
+def test_the_router_learns_with_one_expert_per_token_and_starts_untied():
+    """top_k=1 must still pass a gradient to the router (a renormalised gate would always be 1), and the
+    router must not start at zeros, which would tie every token on expert 0."""
+    config = dataclasses.replace(CONFIG, n_experts=4, top_k=1)
+    moe = jax.tree.map(lambda a: a[0], dit.init(jax.random.key(0), config)["blocks"]["moe"])
+    h = jnp.asarray(np.random.default_rng(7).normal(size=(2, 5, 32)), jnp.float32)
+    grad = jax.grad(lambda p: jnp.sum(dit.moe_apply(p, h, 1) ** 2))(moe)
+    assert float(jnp.abs(grad["router"]["w"]).max()) > 1e-3
+    chosen = jnp.argmax(h @ moe["router"]["w"], axis=-1)
+    assert len(set(np.asarray(chosen).ravel().tolist())) > 1
+
+
+def test_a_mask_ratio_that_keeps_no_patch_is_refused():
+    params = random_params(CONFIG)
+    x, t, y = inputs(CONFIG)
+    ratio = (CONFIG.seq - 0.4) / CONFIG.seq  # below 1, but rounds every patch away
+    with pytest.raises(ValueError, match="keeps none of them"):
+        dit.apply_masked(params, x, t, y, CONFIG, key=jax.random.key(0), mask_ratio=ratio)
+
+
+def test_a_missing_mixer_block_is_named():
+    config = dataclasses.replace(CONFIG, n_mixer=2)
+    params = random_params(config)
+    params["mixer"] = jax.tree.map(lambda a: a[:1], params["mixer"])
+    x, t, y = inputs(config)
+    with pytest.raises(ValueError, match="1 mixer blocks, but .* needs .* and 2"):
+        apply(params, x, t, y, config)
 
 
 # ---------------------------------------------------------------- errors

@@ -72,7 +72,7 @@ def test_time_and_noise_get_separate_keys():
         seen.update(z=z, t=t)
         return z
 
-    rf.loss(predict, None, x, y, jax.random.key(0), rf.FlowConfig(label_dropout=0.0))
+    rf.loss(predict, None, x, y, jax.random.key(0), rf.FlowConfig(label_dropout=0.0, null_class=5))
     logit_t = np.log(seen["t"] / (1 - seen["t"]))
     eps = np.asarray(seen["z"][:, 0] / seen["t"])
     assert abs(np.corrcoef(logit_t, eps)[0, 1]) < 0.1
@@ -83,14 +83,14 @@ def test_time_and_noise_get_separate_keys():
 
 
 def test_time_distributions_and_shift():
-    t = rf.sample_time(jax.random.key(0), 20000, rf.FlowConfig(logit_mean=0.5, logit_std=0.8))
+    t = rf.sample_time(jax.random.key(0), 20000, rf.FlowConfig(logit_mean=0.5, logit_std=0.8, null_class=5))
     logit = np.log(t / (1 - t))
     assert abs(logit.mean() - 0.5) < 0.03 and abs(logit.std() - 0.8) < 0.03
-    u = rf.sample_time(jax.random.key(0), 20000, rf.FlowConfig(time_sampling="uniform"))
+    u = rf.sample_time(jax.random.key(0), 20000, rf.FlowConfig(time_sampling="uniform", null_class=5))
     assert abs(float(u.mean()) - 0.5) < 0.01 and 0 < float(u.min()) and float(u.max()) < 1
     s = np.asarray(rf.shift_time(jnp.asarray([0.0, 0.25, 0.5, 1.0]), 3.0))
     np.testing.assert_allclose(s, [0.0, 0.75 / 1.5, 1.5 / 2.0, 1.0], rtol=1e-6)  # 3t / (1 + 2t)
-    shifted = rf.sample_time(jax.random.key(0), 20000, rf.FlowConfig(time_sampling="uniform", shift=3.0))
+    shifted = rf.sample_time(jax.random.key(0), 20000, rf.FlowConfig(time_sampling="uniform", shift=3.0, null_class=5))
     np.testing.assert_allclose(shifted, rf.shift_time(u, 3.0), rtol=1e-6)
 
 
@@ -167,9 +167,9 @@ def test_masked_microdit_loss_runs_through_the_flow():
 
 def test_bad_arguments_are_rejected():
     with pytest.raises(ValueError, match="logit_std and shift must be positive"):
-        rf.FlowConfig(shift=0.0)
+        rf.FlowConfig(shift=0.0, null_class=5)
     with pytest.raises(ValueError, match="label_dropout"):
-        rf.FlowConfig(label_dropout=1.5)
+        rf.FlowConfig(label_dropout=1.5, null_class=5)
     with pytest.raises(ValueError, match="n_steps must be a positive int"):
         rf.sample(point_velocity, 1.0, jax.random.key(0), jnp.asarray([0]), shape=(2,), n_steps=0, null_class=2)
     with pytest.raises(ValueError, match="predict returned shape"):

@@ -56,6 +56,10 @@ def test_short_run_learns_and_resume_mid_epoch_is_bit_exact(tmp_path, monkeypatc
     for a, b in zip(leaves(tmp_path / "straight", 132), leaves(tmp_path / "stopped", 132), strict=True):
         np.testing.assert_array_equal(a, b)
     assert resumed["test_accuracy"] == straight["test_accuracy"]
+    # what the run is cannot change on resume (before anything compiles): each conflict is named
+    with pytest.raises(SystemExit, match=r"(?s)width: checkpoint has .* override says 0.5.*batch_size: .*epochs: "):
+        classify.main([f"--out_dir={tmp_path / 'stopped'}", "--init_from=resume", "--width=0.5", "--batch_size=7",
+                       "--epochs=99"])  # fmt: skip
 
 
 def test_random_shift_is_a_crop_of_the_zero_padded_image():

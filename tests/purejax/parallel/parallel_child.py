@@ -154,6 +154,36 @@ def training(params, batch) -> dict:
     return out
 
 
+def micro_batches(params) -> dict:
+    """One SGD step with the batch in 2 micro-batches, on meshes whose params are split (TP, FSDP): the
+    gradient accumulator must vary over the same axes as each gradient. Every target counts, so the mean
+    of the micro-batch means is the whole batch's mean: the step equals one device's on the whole batch."""
+    idx, targets = make_batch()
+    batch = (idx, jnp.where(targets < 0, 0, targets))
+    optimizer = optim.sgd(0.1)
+
+    def loss_fn(axes):
+        return lambda p, b, k: (gpt.loss(p, b, CONFIG, k, axes=axes), {})
+
+    single = jax.jit(functools.partial(optim.train_step, loss_fn=loss_fn(None), optimizer=optimizer))
+    want, _ = single(optim.init_train_state(params, optimizer, jax.random.key(0)), batch)
+    out = {}
+    for dp, tp, fsdp in [(4, 2, True), (1, 8, False)]:
+        mesh, axes, specs = setup(dp, tp, fsdp)
+        state = optim.init_train_state(params, optimizer, jax.random.key(0))
+        sspecs = parallel.state_specs(state, specs)
+        step = parallel.sharded_train_step(mesh, sspecs, P(axes.data), loss_fn=loss_fn(axes), optimizer=optimizer,
+                                           micro_batches=2)  # fmt: skip
+        try:
+            got, _ = step(parallel.shard(state, sspecs, mesh), batch)
+        except Exception as e:  # noqa: BLE001 - reported, so the test names the mesh and the error
+            out[mode_name(dp, tp, fsdp)] = f"{type(e).__name__}: {str(e)[:300]}"
+            continue
+        flat, ref = tree_lib.flatten(got.params), tree_lib.flatten(want.params)
+        out[mode_name(dp, tp, fsdp)] = max(rel_err(flat[p], ref[p]) for p in ref)
+    return out
+
+
 def tp_block_hlo(params) -> dict:
     """The compiled forward and backward of one block on a 1 x 8 mesh: Megatron's 2 + 2 all-reduces."""
     mesh, axes, specs = setup(1, 8, False)
@@ -295,6 +325,7 @@ def main(path: str) -> None:
     checks = {
         "equivalence": lambda: equivalence(params, batch, reference),
         "training": lambda: training(params, batch),
+        "micro_batches": lambda: micro_batches(params),
         "tp_block_hlo": lambda: tp_block_hlo(params),
         "d_times_trap": lambda: d_times_trap(params, batch),
         "global_norm": global_norms,

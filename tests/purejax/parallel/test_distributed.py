@@ -199,6 +199,17 @@ def test_launch_kills_every_process_at_its_timeout():
     assert launch.exit_status(results) == launch.TIMED_OUT
 
 
+def test_when_one_process_fails_the_others_are_killed_after_the_grace_and_its_status_is_reported():
+    """Process 1 fails at once (as one that never reaches initialize would); process 0 would wait for it
+    for minutes. The launcher kills process 0 after the grace and reports process 1's status."""
+    fail = "import os, sys, time\nif os.environ['PUREJAX_PROCESS_ID'] == '1': sys.exit(3)\ntime.sleep(600)"
+    start = time.monotonic()
+    results = launch.launch(["-c", fail], 2, timeout=120, failure_grace=1)
+    assert time.monotonic() - start < 30
+    assert [r.returncode for r in results] == [-signal.SIGKILL, 3] and not any(r.timed_out for r in results)
+    assert launch.exit_status(results) == 3  # the first failure in time, not process 0's kill
+
+
 def _start_launcher(program: str) -> tuple[subprocess.Popen, list[int]]:
     """`python -m purejax.parallel.launch` of 2 processes running `program`, which prints "pid N" first."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

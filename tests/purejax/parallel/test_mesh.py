@@ -31,7 +31,9 @@ def test_parse_mesh_errors_name_the_bad_part(text):
 
 
 def test_mesh_axes():
-    assert MeshAxes.of(make_mesh(1, 1), fsdp=True) == MeshAxes()  # axes of size 1 are left out, FSDP with them
+    assert MeshAxes.of(make_mesh(1, 1)) == MeshAxes()  # axes of size 1 are left out
+    with pytest.raises(ValueError, match="which has 1 device on this mesh"):
+        MeshAxes.of(make_mesh(1, 1), fsdp=True)  # never a silent fallback to unsharded params
     assert hash(MeshAxes(DATA, MODEL)) == hash(MeshAxes(DATA, MODEL))
     with pytest.raises(ValueError, match="fsdp=True splits params over the data axis"):
         MeshAxes(model=MODEL, fsdp=True)

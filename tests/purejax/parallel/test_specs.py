@@ -26,10 +26,26 @@ def test_a_param_no_rule_matches_is_an_error():
         parallel.specs_from_rules(SHAPES, RULES[:2], {MODEL: "tp"})
 
 
+def test_spec_axes_flattens_tuple_entries_in_order():
+    assert parallel.spec_axes(P("data", None, ("model", "pipe"))) == ("data", "model", "pipe")
+    assert parallel.spec_axes(P()) == parallel.spec_axes(P(None, None)) == ()
+
+
 def test_local_shape_and_uneven_splits():
     assert parallel.local_shape((8, 6), P("a", "b"), {"a": 4, "b": 3}) == (2, 2)
     with pytest.raises(ValueError, match=r"fc.w \(4, 6\): dimension 1 \(6\) cannot be split evenly over the 4 "):
         parallel.local_shape((4, 6), P(None, "tp"), {"tp": 4}, "fc.w")
+    with pytest.raises(ValueError, match=r"loss \(\): its spec .* has more entries than the array has dimensions"):
+        parallel.local_shape((), P("data"), {"data": 2}, "loss")
+    with pytest.raises(ValueError, match=r"names mesh axis 'model', but the mesh has axes \{'data': 2\}"):
+        parallel.local_shape((4, 6), P("data", "model"), {"data": 2})
+
+
+def test_check_divisible_refuses_trees_of_different_structure():
+    shapes = {"a": jax.ShapeDtypeStruct((4,), "float32"), "b": jax.ShapeDtypeStruct((6,), "float32")}
+    parallel.check_divisible(shapes, {"a": P("x"), "b": P(None)}, {"x": 2})
+    with pytest.raises(ValueError):
+        parallel.check_divisible(shapes, {"a": P("x")}, {"x": 2})
 
 
 def test_state_specs_follow_the_params():

@@ -30,6 +30,13 @@ def test_three_adamw_steps_with_clipping_equal_one_device(mesh_results, mesh):
     assert got["opt_state_rel_err"] < 1e-4
 
 
+@pytest.mark.parametrize("mesh", ["4x2-fsdp", "1x8"])
+def test_micro_batches_on_a_mesh_with_split_params_equal_one_device(mesh_results, mesh):
+    got = mesh_results["micro_batches"][mesh]
+    assert not isinstance(got, str), got  # the error the sharded step raised
+    assert got < 1e-5
+
+
 def test_global_norm_reduces_each_leaf_over_its_own_axes(mesh_results):
     """A leaf split over (data, model), one over model, one replicated, on 4 x 2: the norm of the whole tree;
     psum-ming every leaf over every axis (the naive form) counts replicated parts several times."""
