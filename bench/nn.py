@@ -73,7 +73,8 @@ def raw_block_loss(params, x):
     b, t, d = x.shape
     h = ATTN.n_head
     qkv = _raw_layer_norm(params["ln_1"], x) @ params["attn"]["qkv"]["w"] + params["attn"]["qkv"]["b"]
-    q, k, v = (a.reshape(b, t, h, d // h) for a in jnp.split(qkv, 3, axis=-1))
+    qkv = qkv.reshape(b, t, h, 3, d // h)  # purejax's column order: [q_0 k_0 v_0 | q_1 k_1 v_1 | ...]
+    q, k, v = qkv[:, :, :, 0], qkv[:, :, :, 1], qkv[:, :, :, 2]
     causal = jnp.tril(jnp.ones((t, t), bool))[None, None]
     att = jax.nn.dot_product_attention(q, k, v, mask=causal).reshape(b, t, d)
     x = x + (att @ params["attn"]["proj"]["w"] + params["attn"]["proj"]["b"])
