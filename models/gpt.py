@@ -427,6 +427,18 @@ def crop_block_size(params: Params, config: GPTConfig, block_size: int) -> tuple
     return params, dataclasses.replace(config, block_size=block_size)
 
 
+def crop_vocab(params: Params, config: GPTConfig, vocab_size: int) -> tuple[Params, GPTConfig]:
+    """A model over only the first `vocab_size` token ids: the rest of the embedding table (the padding
+    nanoGPT adds to GPT-2's 50257, or that tensor parallelism adds to split the table evenly) is dropped, so
+    the tied head never produces, and sampling never picks, an id the tokenizer cannot decode. The real
+    tokens' logits are unchanged. Returns new params and config."""
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 0 < vocab_size <= config.vocab_size:
+        raise ValueError(f"crop_vocab: vocab_size must be an int in [1, {config.vocab_size}] (the current vocab_size), "
+                         f"got {vocab_size!r}")  # fmt: skip
+    params = {**params, "wte": {**params["wte"], "w": params["wte"]["w"][:vocab_size]}}
+    return params, dataclasses.replace(config, vocab_size=vocab_size)
+
+
 def num_params(params: Params, non_embedding: bool = True) -> int:
     """Number of parameters. With `non_embedding`, the position embeddings are left out, as nanoGPT counts;
     the token embeddings stay in because they are also the output head's weights."""

@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> list[str]:
         raise SystemExit(f"error: no tokenizer.json in {args.out_dir!r}: is it a train.gpt out_dir?")
     tokenizer = load_tokenizer(tokenizer_path)
     params, config, step = load_model(args.out_dir, args.step)
+    if config.vocab_size > tokenizer.vocab_size:  # padded (for tensor parallelism): never sample a padding id
+        params, config = gpt.crop_vocab(params, config, tokenizer.vocab_size)
     try:
         ids = tokenizer.encode(read_start(args.start))
     except ValueError as e:

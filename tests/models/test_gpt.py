@@ -336,6 +336,18 @@ def test_crop_block_size_keeps_the_first_positions():
             gpt.crop_block_size(params, CONFIG, bad)
 
 
+def test_crop_vocab_keeps_the_real_tokens_logits_and_drops_the_padding():
+    params, idx = make_params(), tokens((B, 5))
+    real = CONFIG.vocab_size - 3  # as if the last 3 ids were padding no tokenizer decodes
+    cropped, config = gpt.crop_vocab(params, CONFIG, real)
+    assert config.vocab_size == real and cropped["wte"]["w"].shape == (real, CONFIG.n_embd)
+    logits = apply(cropped, idx % real, config)
+    np.testing.assert_allclose(logits, apply(params, idx % real, CONFIG)[..., :real], rtol=1e-5, atol=1e-5)
+    for bad in (0, CONFIG.vocab_size + 1, True):
+        with pytest.raises(ValueError, match=rf"vocab_size must be an int in \[1, {CONFIG.vocab_size}\]"):
+            gpt.crop_vocab(params, CONFIG, bad)
+
+
 def test_parameter_counts_match_nanogpts_gpt2_small():
     """nanoGPT prints 'number of parameters: 123.69M' for GPT-2 small with the padded vocabulary (50304),
     and GPT-2 small has 124,439,808 parameters in all with 50257 (the Hugging Face count)."""
