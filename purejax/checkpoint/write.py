@@ -135,7 +135,7 @@ def _write_file(f, header: dict[str, Any], arrays: Iterator[np.ndarray]) -> None
     (checksummed and written in pieces, see `_write_span`), the spans' CRCs then combined into the record's
     (`crc32_combine`); the record prefixes and small records by this thread through a small buffer
     (`_SmallWrites`). One leaf is finished before the next is taken, so at most one leaf is held beyond the
-    tree itself. On two cores the checksums then cost about half the wall time they cost on one thread."""
+    tree itself. On two cores the second thread hides about a third of the checksums' time (docs/benchmarks.md)."""
     fd = f.fileno()
     placeholder = msgpack.packb(header, use_bin_type=True)
     small = _SmallWrites(fd, offset=0)
