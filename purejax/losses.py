@@ -20,7 +20,8 @@ def cross_entropy(
     """Per-example -log softmax(logits)[label], as `optax.softmax_cross_entropy_with_integer_labels`.
 
     Labels equal to `ignore_index` (e.g. -1 for padding, torch's `ignore_index`) give a loss of 0; average with
-    `masked_mean(loss, labels != ignore_index)` so they do not count.
+    `masked_mean(loss, labels != ignore_index)` so they do not count. Any other label outside the classes gives
+    NaN, so a data bug shows in the loss instead of training on a wrong target.
 
     Vocab-parallel (Megatron-LM's cross-entropy): with `axis_name`, inside `shard_map`, `logits` is this
     device's slice of the classes (device i of n holds classes [i * C, (i + 1) * C), C = logits.shape[-1]) and
@@ -31,11 +32,13 @@ def cross_entropy(
         raise ValueError(f"cross_entropy: logits {tuple(logits.shape)} need labels of shape {tuple(logits.shape[:-1])}, got {tuple(labels.shape)}")
     logits, labels = _f32(logits), jnp.asarray(labels)
     valid = labels != ignore_index if ignore_index is not None else jnp.ones(labels.shape, bool)
+    n_classes = logits.shape[-1]
+    total = n_classes if axis_name is None else n_classes * jax.lax.axis_size(axis_name)
+    out_of_range = valid & ((labels < 0) | (labels >= total))  # NaN, never a silently wrong loss
     if axis_name is None:
         log_probs = jax.nn.log_softmax(logits, axis=-1)
         nll = -jnp.take_along_axis(log_probs, jnp.where(valid, labels, 0)[..., None], axis=-1)[..., 0]
-        return jnp.where(valid, nll, 0.0)
-    n_classes = logits.shape[-1]
+        return jnp.where(out_of_range, jnp.nan, jnp.where(valid, nll, 0.0))
     top = jax.lax.pmax(jax.lax.stop_gradient(jnp.max(logits, axis=-1)), axis_name)
     shifted = logits - top[..., None]
     sum_exp = jax.lax.psum(jnp.sum(jnp.exp(shifted), axis=-1), axis_name)
@@ -43,7 +46,7 @@ def cross_entropy(
     mine = valid & (local >= 0) & (local < n_classes)
     label_logit = jnp.take_along_axis(shifted, jnp.where(mine, local, 0)[..., None], axis=-1)[..., 0]
     label_logit = jax.lax.psum(jnp.where(mine, label_logit, 0.0), axis_name)
-    return jnp.where(valid, jnp.log(sum_exp) - label_logit, 0.0)
+    return jnp.where(out_of_range, jnp.nan, jnp.where(valid, jnp.log(sum_exp) - label_logit, 0.0))
 
 
 def masked_mean(x: Float[ArrayLike, "*batch"], mask: Array, *, axis_name: str | None = None) -> Float[Array, ""]:

@@ -28,11 +28,14 @@ def top_p_filter(logits: Float[Array, "*batch vocab"], p: float | Float[ArrayLik
     sum to at least `p`, -inf elsewhere. The most likely token is always kept; ties with the least likely
     kept token are kept too. `p` in (0, 1] may be traced (it sets no shape)."""
     _check_probability("top_p_filter", "p", p)
-    sorted_logits = jnp.flip(jnp.sort(logits, axis=-1), axis=-1)  # most likely first
-    probs = jax.nn.softmax(sorted_logits.astype(jnp.float32), axis=-1)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs  # probability of the tokens ranked above each one
-    keep = (mass_before < p) | (jnp.arange(logits.shape[-1]) == 0)
-    cutoff = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+    # Least likely first, and each token's tail: its probability plus all less likely ones'. A token is kept
+    # when the tokens above it hold less than p, i.e. when its tail exceeds 1 - p. Summing from the small end
+    # keeps that exact near p = 1, where a float32 sum from the top reaches 1 early and would drop thousands
+    # of tokens of a large vocabulary (p = 1 must keep every token of non-zero probability).
+    ascending = jnp.sort(logits, axis=-1)
+    tail = jnp.cumsum(jax.nn.softmax(ascending.astype(jnp.float32), axis=-1), axis=-1)
+    keep = (tail > 1 - jnp.asarray(p, jnp.float32)) | (jnp.arange(logits.shape[-1]) == logits.shape[-1] - 1)
+    cutoff = jnp.min(jnp.where(keep, ascending, jnp.inf), axis=-1, keepdims=True)
     return jnp.where(logits < cutoff, -jnp.inf, logits)
 
 

@@ -144,8 +144,3 @@ def resume_settings(cfg: Any, saved: dict[str, Any], given: Iterable[str], fixed
     if conflicts:
         raise ConfigError("the overrides conflict with the checkpoint being resumed:\n  " + "\n  ".join(conflicts))
     return {**saved, **{k: getattr(cfg, k) for k in given}, "init_from": "resume", "out_dir": cfg.out_dir}
-
-
-def to_dict(config: Any) -> dict[str, Any]:
-    """The config as a plain dict (for checkpoints and logs)."""
-    return dataclasses.asdict(config)

@@ -178,6 +178,10 @@ def resolve_resume(cfg: TrainConfig, given: set[str], manager: checkpoint.Checkp
     if step is None:
         raise SystemExit(f"error: --init_from=resume, but {cfg.out_dir!r} has no readable checkpoint")
     saved = checkpoint.read_metadata(manager.path(step)).config
+    missing = [f"{part}.{k}" for part, keys in (("model", MODEL_KEYS), ("train", DATA_KEYS)) for k in keys
+               if k not in (saved.get(part) or {})]  # fmt: skip
+    if missing:
+        raise SystemExit(f"error: {manager.path(step)} is not a train.gpt checkpoint: its config lacks {missing}")
     recorded = {**{k: saved["model"][k] for k in MODEL_KEYS}, **{k: saved["train"][k] for k in DATA_KEYS}}
     # Every other setting continues as saved unless given again now (e.g. --max_iters=4000 to train longer);
     # the devices are this launch's.
@@ -187,6 +191,9 @@ def resolve_resume(cfg: TrainConfig, given: set[str], manager: checkpoint.Checkp
         raise SystemExit(f"error: {e}") from None
     cfg = config_lib.build(TrainConfig, {k: v for k, v in settings.items() if k in TrainConfig.__dataclass_fields__})
     model = gpt.GPTConfig(**{**saved["model"], "dropout": cfg.dropout, "layers": cfg.layers})
+    if model.vocab_size % cfg.tp:  # the vocabulary was padded for the tp it was saved with, not this one
+        raise SystemExit(f"error: the checkpoint's vocabulary ({model.vocab_size} rows) cannot be split over "
+                         f"--tp={cfg.tp}; resume with a tp that divides {model.vocab_size}")  # fmt: skip
     return cfg, model
 
 
@@ -262,11 +269,13 @@ def main(argv: list[str] | None = None) -> dict:
     loss_scale = optim.dynamic_loss_scale() if cfg.dtype == "float16" else optim.NoLossScale()
     state = optim.init_train_state(params, optimizer, jax.random.fold_in(key, 1), loss_scale=loss_scale)
     state, state_specs = devices.place(state, param_specs)  # on the mesh, each device its shards
-    best_val_loss, resumed_at = math.inf, None
+    best_val_loss, evaluated_at, saved_at = math.inf, None, None
     if cfg.init_from == "resume":
         state, info = manager.restore(like=state)  # placed like the template: a checkpoint from any mesh fits
-        best_val_loss = info.metadata.get("best_val_loss", math.inf)
-        resumed_at = info.step
+        best_val_loss, saved_at = info.metadata.get("best_val_loss", math.inf), info.step
+        # An "eval" or "end" checkpoint was saved right after evaluating its iteration; a "signal" or
+        # interval one was not, so a due evaluation at that iteration still runs.
+        evaluated_at = info.step if info.metadata.get("reason") in ("eval", "end") else None
         say(f"resumed from {manager.path(info.step)} at iter {info.step}")
     iter_num = int(state.step)
 
@@ -294,6 +303,8 @@ def main(argv: list[str] | None = None) -> dict:
             log.write(**metrics)
 
     def save(reason: str, val_loss: float | None = None):  # on every process: gathering the state is a collective
+        nonlocal saved_at
+        saved_at = iter_num
         meta = {"best_val_loss": best_val_loss, "reason": reason}
         if val_loss is not None:
             meta["val_loss"] = val_loss
@@ -313,7 +324,7 @@ def main(argv: list[str] | None = None) -> dict:
     with run.StopSignal() as stop:
         while True:
             due = iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters
-            if due and iter_num != resumed_at:  # a checkpoint's own iteration was evaluated before it was saved
+            if due and iter_num != evaluated_at:
                 last_eval = estimate_loss(eval_loss, state.params, dataset, cfg, iter_num, devices)
                 write(iter=iter_num, **last_eval)
                 bar.write(f"iter {iter_num}: train loss {last_eval['train_loss']:.4f}, val loss {last_eval['val_loss']:.4f}")
@@ -350,7 +361,7 @@ def main(argv: list[str] | None = None) -> dict:
                 bar.close()
                 raise SystemExit(0)
     bar.close()
-    if not cfg.eval_only and (not manager.steps() or manager.steps()[-1] != iter_num):
+    if not cfg.eval_only and saved_at != iter_num:  # decided alike on every process, not from a directory listing
         save("end", last_eval.get("val_loss"))
     png = run.plot_losses(log, out_dir / "loss.png", title=f"GPT {model.n_layer}x{model.n_embd} on {cfg.dataset}") if log else None
     if png:

@@ -11,18 +11,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from train.data.prepare import check_writable
+
 
 def prepare_out_dir(out_dir: str | os.PathLike) -> Path:
     """Create `out_dir` and prove it is writable now, before anything compiles or trains."""
-    path = Path(out_dir)
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        return check_writable(out_dir, what="checkpoints and logs")
     except OSError as e:
-        raise SystemExit(f"error: out_dir {str(path)!r} is not writable: {e.strerror or e}") from None
-    return path
+        raise SystemExit(f"error: {e}") from None
 
 
 class StopSignal:

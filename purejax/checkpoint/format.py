@@ -223,7 +223,7 @@ def _parse_leaf(entry: Any, i: int, chunk_bytes: int, offset: int, fail) -> Leaf
         fail(f"unknown dtype {dtype!r}", name)
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         fail(f"shape {shape!r} is not a list of non-negative integers", name)
-    if nbytes != math.prod(shape) * DTYPES[dtype].itemsize:
+    if type(nbytes) is not int or nbytes != math.prod(shape) * DTYPES[dtype].itemsize:  # not 24.0, not True
         fail(f"nbytes {nbytes!r} does not equal {dtype}{shape}'s {math.prod(shape) * DTYPES[dtype].itemsize}", name)
     n_chunks = len(chunk_sizes(nbytes, chunk_bytes))
     if not isinstance(crc, bytes) or len(crc) != 4 * n_chunks:

@@ -39,7 +39,7 @@ from jaxtyping import Array
 from purejax import tree as tree_lib
 from purejax.checkpoint import format as fmt
 from purejax.checkpoint import nodes
-from purejax.checkpoint.crc import crc32_combine
+from purejax.checkpoint.crc import crc32_of_pieces
 
 PyTree = Any
 TEMP_SUFFIX = ".tmp"
@@ -141,19 +141,23 @@ def _write_file(f, header: dict[str, Any], arrays: Iterator[np.ndarray]) -> None
     small = _SmallWrites(fd, offset=0)
     small.add(fmt.pack_preamble(len(placeholder), zlib.crc32(placeholder)))
     small.add(placeholder)
-    with ThreadPoolExecutor(max_workers=_WRITE_THREADS, thread_name_prefix="purejax-write") as pool:
+    pool = ThreadPoolExecutor(max_workers=_WRITE_THREADS, thread_name_prefix="purejax-write")
+    try:
         for entry, x in zip(header["leaves"], arrays, strict=True):
             data, records, start = x.reshape(-1).view(np.uint8), [], 0
             for size in fmt.chunk_sizes(data.nbytes, header["chunk_bytes"]):
                 small.add(fmt.pack_record_prefix(size))
                 record = data[start : start + size]
                 if size < _PIECE_BYTES:
-                    records.append([(size, small.add(record))])
+                    small.add(record)
+                    records.append([(size, zlib.crc32(record))])
                 else:
                     spans = [record[i : i + _SPAN_BYTES] for i in range(0, size, _SPAN_BYTES)]
                     records.append([pool.submit(_write_span, fd, span, small.skip(span.nbytes)) for span in spans])
                 start += size
             entry["crc32"] = np.asarray([_record_crc(spans) for spans in records], "<u4").tobytes()
+    finally:  # after an error (or Ctrl-C), skip the spans not started and wait for those running
+        pool.shutdown(wait=True, cancel_futures=True)
     small.flush()
     final = msgpack.packb(header, use_bin_type=True)
     assert len(final) == len(placeholder), "the header changed length when its checksums were filled in"
@@ -167,12 +171,10 @@ class _SmallWrites:
     def __init__(self, fd: int, offset: int):
         self.fd, self.offset, self.pending = fd, offset, bytearray()
 
-    def add(self, data: Any) -> int:
-        """Append `data`; returns its CRC-32 (small records need theirs)."""
+    def add(self, data: Any) -> None:
         self.pending += memoryview(data).cast("B")
         if len(self.pending) >= _PIECE_BYTES:
             self.flush()
-        return zlib.crc32(data)
 
     def skip(self, nbytes: int) -> int:
         """Leave `nbytes` for another writer; returns where they start."""
@@ -202,11 +204,7 @@ def _write_span(fd: int, span: np.ndarray, offset: int) -> tuple[int, int]:
 
 def _record_crc(spans: list) -> int:
     """A record's CRC-32 from its spans' `(length, CRC-32)`, or futures of them, in order."""
-    crc = 0
-    for span in spans:
-        length, span_crc = span.result() if hasattr(span, "result") else span
-        crc = crc32_combine(crc, span_crc, length)
-    return crc
+    return crc32_of_pieces(span.result() if hasattr(span, "result") else span for span in spans)
 
 
 def _start_writeback(fd: int, offset: int, nbytes: int) -> None:

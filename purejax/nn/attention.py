@@ -19,10 +19,12 @@ treats the params as this device's shards: qkv column-parallel (whole groups of 
 from the local weight's width), proj row-parallel (the partial products are `psum`-med over `axis_name`, then
 the replicated bias is added). Each device attends with its own heads; the forward pass costs one all-reduce.
 
-Two formulations compute the same thing. "fused" calls `jax.nn.dot_product_attention` (XLA today, cuDNN's
-flash attention where a backend offers it); "einsum" writes the maths out in `dot_product_attention` below,
-and is the one that can drop attention probabilities. `impl="auto"` takes "einsum" when dropout is on (a
-key is given and `dropout > 0`) and for float16 on CPU, which XLA:CPU's fused attention cannot compile. Both compute logits and softmax in float32 whatever the input dtype.
+Two formulations compute the same thing. "fused" calls `jax.nn.dot_product_attention` with its default
+implementation, which in jax 0.10.2 is XLA's on every backend (its cuDNN flash attention runs only when
+asked for by name, `implementation="cudnn"`, which this layer does not do); "einsum" writes the maths out in
+`dot_product_attention` below, and is the one that can drop attention probabilities. `impl="auto"` takes
+"einsum" when dropout is on (a key is given and `dropout > 0`) and for float16 on CPU, which XLA:CPU's fused
+attention cannot compile. Both compute logits and softmax in float32 whatever the input dtype.
 
 Incremental decoding. `init_cache` preallocates keys and values for `max_len` positions plus the write index;
 `apply(..., cache=cache)` writes the new tokens' keys and values at [index, index + seq), attends over the

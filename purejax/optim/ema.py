@@ -54,7 +54,9 @@ def param_ema(decay: ArrayLike | Schedule, debias: bool = False, dtype: DTypeLik
         decay: the decay per update, e.g. 0.999 (an effective window of ~1000 steps), or a schedule of the count
             such as `ema_warmup(0.9999)`.
         debias: start from zeros and divide by `1 - decay**count` in `value`; needs a constant decay.
-        dtype: dtype of the average (e.g. float32 for bfloat16 params); default: each parameter's dtype.
+        dtype: dtype of the average; default: float32 for float16 and bfloat16 parameters (in bfloat16,
+            0.999 * a + 0.001 * p rounds back to a: the average would never move), else each parameter's own.
+            `value` returns the average in this dtype.
     """
     if debias and callable(decay):
         raise ValueError("param_ema(debias=True) needs a constant decay; a warmup schedule already avoids the bias")
@@ -62,7 +64,8 @@ def param_ema(decay: ArrayLike | Schedule, debias: bool = False, dtype: DTypeLik
     def init(params: PyTree) -> ParamEMAState:
         # A copy, never the params' own buffers: a train state holding both would be donated twice.
         start = jnp.zeros_like if debias else jnp.copy
-        return ParamEMAState(zero_count(), jax.tree_util.tree_map(lambda p: start(p).astype(dtype or p.dtype), params))
+        average = jax.tree_util.tree_map(lambda p: start(p).astype(dtype or _wide(p.dtype)), params)
+        return ParamEMAState(zero_count(), average)
 
     def update(state: ParamEMAState, params: PyTree) -> ParamEMAState:
         d = decay(state.count) if callable(decay) else decay  # a Python float stays one: 1 - d rounds as optax's
@@ -70,6 +73,14 @@ def param_ema(decay: ArrayLike | Schedule, debias: bool = False, dtype: DTypeLik
         return ParamEMAState(safe_increment(state.count), average)
 
     def value(state: ParamEMAState) -> PyTree:
-        return bias_correction(state.average, decay, state.count) if debias else state.average
+        if not debias:
+            return state.average
+        corrected = bias_correction(state.average, decay, state.count)  # 0 / 0 before the first update
+        return jax.tree_util.tree_map(lambda c, a: jnp.where(state.count > 0, c, a), corrected, state.average)
 
     return ParamEMA(init, update, value)
+
+
+def _wide(dtype: DTypeLike) -> DTypeLike:
+    """float32 for the 16-bit floats, the dtype itself otherwise."""
+    return jnp.float32 if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32 else dtype

@@ -53,9 +53,13 @@ def scale_by_rms(
 
     def update(updates: PyTree, state: RmsState | CenteredRmsState, params: PyTree = None) -> tuple[PyTree, PyTree]:
         del params
-        nu = jax.tree_util.tree_map(lambda g, v: (1 - decay) * jnp.square(g) + decay * v, updates, state.nu)
+        # .astype: the state keeps its dtype whatever the gradients' (float32 grads of bfloat16 params would
+        # otherwise widen it after the first step and retrace every jitted step, as adam and sgd also avoid)
+        nu = jax.tree_util.tree_map(
+            lambda g, v: ((1 - decay) * jnp.square(g) + decay * v).astype(v.dtype), updates, state.nu
+        )
         if centered:
-            mu = jax.tree_util.tree_map(lambda g, m: (1 - decay) * g + decay * m, updates, state.mu)
+            mu = jax.tree_util.tree_map(lambda g, m: ((1 - decay) * g + decay * m).astype(m.dtype), updates, state.mu)
             variance = jax.tree_util.tree_map(lambda m, v: v - jnp.square(m), mu, nu)
         else:
             variance = nu

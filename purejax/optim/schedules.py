@@ -122,7 +122,8 @@ def warmup_stable_decay(
         fraction = jnp.clip(count / max(decay_steps, 1), 0.0, 1.0)
         return _f32(end_value + (peak_value - end_value) * shapes[decay_shape](fraction))
 
-    pieces = [linear(0.0, peak_value, warmup_steps), constant(peak_value), decay]
+    last = decay if decay_steps else constant(end_value)  # no decay steps: end_value at once
+    pieces = [linear(0.0, peak_value, warmup_steps), constant(peak_value), last]
     return join(pieces, [warmup_steps, warmup_steps + stable_steps])
 
 

@@ -87,10 +87,10 @@ def train_step(
             `jax.grad` (see purejax/parallel/step.py).
 
     Metrics: `loss` (unscaled, averaged over micro-batches), `grad_norm` (before clipping), `learning_rate`
-    (the rate this step's update used; absent if the optimizer state holds none), `loss_scale`, and
-    `skipped`: True when the gradients were not finite, in which case params, optimizer state and average are
-    left as they were (the loss scale backs off if it is dynamic). A gradient norm that overflows float32
-    counts as not finite.
+    (the rate this step's update used, or on a skipped step the kept state's; absent if the state holds
+    none), `loss_scale`, and `skipped`: True when the gradients were not finite, in which case params,
+    optimizer state and average are left as they were (the loss scale backs off if it is dynamic). A gradient
+    norm that overflows float32 counts as not finite.
     """
     if (ema is None) != (state.ema is None):
         raise ValueError(
@@ -123,7 +123,7 @@ def train_step(
         key=key,
     )
     metrics = {"loss": loss, "grad_norm": grad_norm, "loss_scale": state.loss_scale.loss_scale, "skipped": ~finite}
-    learning_rate = get_learning_rate(opt_state)
+    learning_rate = get_learning_rate(new_state.opt_state)  # a skipped step reports the state it kept
     if learning_rate is not None:
         metrics["learning_rate"] = learning_rate
     return new_state, {**metrics, **aux}

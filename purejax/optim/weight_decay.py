@@ -30,7 +30,15 @@ def resolve_mask(mask: Mask, params: PyTree) -> PyTree:
     if mask is None:
         return jax.tree_util.tree_map(lambda _: True, params)
     if callable(mask):
-        flat = {path: mask(path, leaf) for path, leaf in tree_lib.flatten(params).items()}
+        try:
+            flat = {path: mask(path, leaf) for path, leaf in tree_lib.flatten(params).items()}
+        except TypeError as e:
+            if "positional argument" not in str(e):
+                raise
+            raise TypeError(
+                f"a weight-decay mask function is called as mask(path, leaf) for each parameter (path: the "
+                f"dotted name, e.g. 'blocks.mlp.fc.w'), not as optax's mask(params): {e}"
+            ) from None
     else:
         flat = tree_lib.flatten(mask)
     bad = [f"{path} ({type(v).__name__})" for path, v in flat.items() if not isinstance(v, bool)]
@@ -58,5 +66,7 @@ def add_decayed_weights(weight_decay: ArrayLike, mask: Mask = None) -> GradientT
 
 
 def ndim_at_least(n: int) -> Callable[[str, Any], bool]:
-    """A mask predicate selecting leaves with at least `n` dimensions (`ndim_at_least(2)`: nanoGPT's rule)."""
+    """A mask predicate selecting leaves with at least `n` dimensions (`ndim_at_least(2)`: nanoGPT's rule for
+    per-layer params). Leaves stacked on a leading layer axis (`purejax.nn.stack`, the GPT's "blocks") carry one
+    more dimension, so there their LayerNorm scales count as 2-D: train/gpt.py's `decays` discounts that axis."""
     return lambda path, leaf: leaf.ndim >= n

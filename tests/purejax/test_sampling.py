@@ -49,6 +49,17 @@ def test_top_p_matches_numpy(p):
     np.testing.assert_array_equal(sampling.top_p_filter(jnp.asarray(LOGITS), p), numpy_top_p(LOGITS, p))
 
 
+def test_top_p_near_1_keeps_a_large_vocabulary():
+    """Summed from the most likely token, the probabilities of 50,304 tokens reach 1 long before the end
+    (in float32 by thousands of tokens; even the float64 loop above drops a few dozen), so p = 1 must be
+    exact by construction: it keeps every token. p = 0.999 keeps the float64 nucleus."""
+    logits = np.random.default_rng(1).normal(size=(2, 50304)).astype(np.float32) * 5.0
+    assert np.isfinite(np.asarray(sampling.top_p_filter(jnp.asarray(logits), 1.0))).all()
+    got = np.isfinite(np.asarray(sampling.top_p_filter(jnp.asarray(logits), 0.999)))
+    want = np.isfinite(numpy_top_p(logits, 0.999))
+    assert abs(int(got.sum()) - int(want.sum())) <= 2, (got.sum(), want.sum())  # rounding at the boundary
+
+
 def test_top_p_may_be_traced():
     filtered = jax.jit(sampling.top_p_filter)(jnp.asarray(LOGITS), jnp.float32(0.5))
     np.testing.assert_array_equal(filtered, numpy_top_p(LOGITS, 0.5))

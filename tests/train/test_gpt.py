@@ -112,6 +112,25 @@ def test_impossible_configs_fail_before_compiling(tmp_path, corpus, args, messag
     assert "compiled" not in out and "Traceback" not in out
 
 
+@pytest.mark.parametrize("reason, evaluates_again", [("signal", True), ("eval", False)])
+def test_resume_evaluates_a_due_iteration_unless_the_checkpoint_was_saved_after_evaluating_it(
+    tmp_path, corpus, reason, evaluates_again
+):
+    """A checkpoint saved on a signal at an iteration where an evaluation is due has not evaluated it yet; one
+    saved after an evaluation has. Resuming runs the evaluation only in the first case."""
+    finish(run_gpt([*TINY, f"--dataset={corpus}", "--out_dir=run", "--max_iters=4", "--eval_interval=1000"], tmp_path))
+    manager = checkpoint.CheckpointManager(tmp_path / "run", keep_last=None)
+    tree, info = checkpoint.restore(manager.path(4))
+    manager.save(4, tree, config=info.config, metadata={**info.metadata, "reason": reason})  # as if so saved
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    before = metrics.read_text().count("val_loss")
+    finish(run_gpt([*TINY, f"--dataset={corpus}", "--out_dir=run", "--init_from=resume", "--max_iters=4",
+                    "--eval_interval=2"], tmp_path))  # fmt: skip
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert metrics.read_text().count("val_loss") - before == int(evaluates_again)
+    assert not evaluates_again or rows[-1]["iter"] == 4 and "val_loss" in rows[-1]
+
+
 def test_resume_with_a_conflicting_override_is_rejected(tmp_path, corpus):
     finish(run_gpt([*TINY, f"--dataset={corpus}", "--out_dir=run", "--max_iters=2", "--eval_interval=1000"], tmp_path))
     proc = run_gpt([*TINY, f"--dataset={corpus}", "--out_dir=run", "--init_from=resume", "--n_layer=3"], tmp_path)

@@ -38,17 +38,19 @@ def split_point(n_tokens: int) -> int:
     return n_tokens * 9 // 10
 
 
-def check_writable(out_dir: str | Path) -> Path:
-    """Create `out_dir` if needed and check that files can be written in it, before any work is done."""
+def check_writable(out_dir: str | Path, what: str = "the dataset") -> Path:
+    """Create `out_dir` if needed and check that files can be written in it, before any work is done; an
+    OSError naming `what` and the directory if not."""
     out_dir = Path(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / ".write-test"
+        probe = out_dir / f".write-test-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
         reason = e.strerror or e
-        raise OSError(f"cannot write the dataset to out_dir {out_dir}: {reason}; choose another --out_dir") from None
+        raise OSError(f"cannot write {what} to out_dir {str(out_dir)!r} (it is not writable: {reason}); "
+                      f"choose another --out_dir") from None  # fmt: skip
     return out_dir
 
 

@@ -134,6 +134,8 @@ def _header(chunk_bytes: int = 64, **leaf) -> dict:
         ({"dtype": "object"}, "unknown dtype 'object'"),
         ({"shape": [-2]}, "is not a list of non-negative integers"),
         ({"nbytes": 4}, "nbytes 4 does not equal float32"),
+        ({"nbytes": 8.0}, "nbytes 8.0 does not equal float32"),
+        ({"nbytes": True}, "nbytes True does not equal float32"),
         ({"crc32": bytes(8)}, "crc32 must be 4 bytes"),
         ({"path": 5}, "is not a map with a string 'path'"),
     ],

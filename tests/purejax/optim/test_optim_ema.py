@@ -72,6 +72,22 @@ def test_debiasing_needs_a_constant_decay():
         optim.param_ema(optim.ema_warmup(0.999), debias=True)
 
 
+def test_a_bfloat16_average_is_kept_in_float32_so_it_moves():
+    """In bfloat16, 0.999 * a + 0.001 * p rounds back to a; the default average is float32 and follows p."""
+    ema = optim.param_ema(0.999)
+    update = jax.jit(ema.update)
+    state = ema.init({"w": jnp.ones(2, jnp.bfloat16), "step": jnp.zeros((), jnp.int32)})
+    assert state.average["w"].dtype == jnp.float32 and state.average["step"].dtype == jnp.int32
+    for _ in range(2000):
+        state = update(state, {"w": jnp.full(2, 2.0, jnp.bfloat16), "step": jnp.zeros((), jnp.int32)})
+    np.testing.assert_allclose(ema.value(state)["w"], 2 - 0.999**2000, rtol=1e-3)  # 1.865
+
+
+def test_a_debiased_average_before_any_update_is_not_nan():
+    ema = optim.param_ema(0.9, debias=True)
+    assert not np.isnan(np.asarray(ema.value(ema.init({"w": jnp.ones(3)}))["w"])).any()
+
+
 def test_average_dtype_can_be_wider_than_the_params():
     ema = optim.param_ema(0.9, dtype=jnp.float32)
     state = ema.update(ema.init({"w": jnp.ones(3, jnp.bfloat16)}), {"w": jnp.zeros(3, jnp.bfloat16)})

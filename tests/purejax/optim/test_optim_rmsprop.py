@@ -1,5 +1,6 @@
 """purejax.optim.rmsprop: RMSprop (plain, centered, eps outside the root, with momentum) against optax."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -48,3 +49,15 @@ def test_centered_rms_divides_by_the_running_standard_deviation():
 def test_nesterov_without_momentum_is_an_error():
     with pytest.raises(ValueError, match="needs a momentum"):
         optim.rmsprop(0.1, nesterov=True)
+
+
+def test_the_state_keeps_its_dtype_with_wider_gradients():
+    """bfloat16 params, float32 gradients (what a loss scale's unscale gives): the state stays bfloat16, so a
+    jitted step does not retrace and multi_steps' cond branches agree."""
+    params = {"w": jnp.ones(3, jnp.bfloat16)}
+    for tx in (optim.rmsprop(0.1), optim.rmsprop(0.1, centered=True)):
+        state = tx.init(params)
+        _, new = tx.update({"w": jnp.full(3, 0.5, jnp.float32)}, state, params)
+        assert jax.tree.map(lambda a: a.dtype, new) == jax.tree.map(lambda a: a.dtype, state)
+        k_steps = optim.multi_steps(tx, 2)
+        k_steps.update({"w": jnp.full(3, 0.5, jnp.float32)}, k_steps.init(params), params)  # raised before

@@ -114,7 +114,7 @@ def wsd_reference(it, peak, warmup, stable, decay, end, shape):
         return peak * it / warmup
     if it < warmup + stable:
         return peak
-    fraction = min((it - warmup - stable) / max(decay, 1), 1.0)
+    fraction = min((it - warmup - stable) / decay, 1.0) if decay else 1.0  # no decay steps: at end_value at once
     weight = {
         "linear": 1 - fraction,
         "cosine": 0.5 * (1 + math.cos(math.pi * fraction)),
@@ -135,6 +135,11 @@ def wsd_reference(it, peak, warmup, stable, decay, end, shape):
 def test_warmup_stable_decay_matches_float64(shape, peak, end_fraction, warmup, stable, decay):
     reference = [wsd_reference(int(it), peak, warmup, stable, decay, peak * end_fraction, shape) for it in COUNTS]
     close(schedules.warmup_stable_decay(peak, warmup, stable, decay, peak * end_fraction, shape), reference)
+
+
+def test_warmup_stable_decay_without_decay_steps_drops_at_once():
+    schedule = schedules.warmup_stable_decay(1.0, 2, 2, 0, end_value=0.1)
+    np.testing.assert_allclose(schedule(jnp.arange(6)), [0.0, 0.5, 1.0, 1.0, 0.1, 0.1], rtol=1e-6)
 
 
 def test_constant_is_constant_and_float32():

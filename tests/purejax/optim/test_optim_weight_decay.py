@@ -1,5 +1,6 @@
 """purejax.optim.weight_decay: decoupled weight decay and its masks (trees and predicates), and their errors."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -39,6 +40,11 @@ def test_mask_tree_with_missing_and_extra_paths_reports_both():
 def test_mask_that_tests_array_values_is_refused_with_the_path():
     with pytest.raises(TypeError, match=r"Python bool.*b \(ArrayImpl\), ln\.g \(ArrayImpl\), w \(ArrayImpl\)"):
         optim.resolve_mask(lambda path, p: jnp.all(p > 0), PARAMS)
+
+
+def test_an_optax_style_mask_function_is_explained():
+    with pytest.raises(TypeError, match=r"called as mask\(path, leaf\) .* not as optax's mask\(params\)"):
+        optim.resolve_mask(lambda params: jax.tree.map(lambda p: p.ndim >= 2, params), PARAMS)
 
 
 def test_decay_without_params_says_what_to_pass():
