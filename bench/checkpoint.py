@@ -13,8 +13,11 @@ the page cache, which isolates the loader's own cost (copies, checksums, placeme
 Each measurement runs in a fresh process, and its memory is the peak RSS (`ru_maxrss`) it added over the
 process's peak once the tree existed (save) or before loading (load), as a multiple of the data: 0 means no
 copy; 1.0 for a load means only the result itself. The run makes `--repeats` rounds, each method once per
-round, interleaved, so that a slow spell of the (shared) machine hits them all alike; a time is the best
-over the rounds, a memory figure the largest. Temporary files go under `--dir` and are deleted.
+round, interleaved (each round starting one method later, with an `os.sync()` before every measurement),
+so that a slow spell of the (shared) machine hits them all alike; a time is the best over the rounds, a
+memory figure the largest, and "save / raw" the median over the rounds of the save's
+time over the raw write's in the same round (the disk's speed wanders, so best against best can mislead).
+Temporary files go under `--dir` and are deleted.
 """
 
 import argparse
@@ -24,6 +27,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -229,6 +233,9 @@ def child(action: str, method: str, case: str, path: str) -> dict:
     data = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(abstract))
     if action == "save":
         tree = make_tree(case)
+        # XLA's threads go on unmapping the temporaries for some 50 ms after the tree is ready, holding the
+        # address-space lock that any mmap (a new thread's stack, say) then waits on: let them finish first.
+        time.sleep(1.0)
         before, start = peak_bytes(), time.perf_counter()
         seconds = globals()[f"save_{name}"](tree, path)
         seconds = time.perf_counter() - start if seconds is None else seconds
@@ -274,8 +281,10 @@ def main() -> None:
     methods = args.methods.split(",")
     for case in args.cases.split(","):
         runs: dict[str, list[tuple[dict, dict]]] = {}
-        for _ in range(args.repeats):  # rounds, so that a slow spell of a shared machine hits every method
-            for method in [m for m in methods if m != "purejax-params"]:
+        order = [m for m in methods if m != "purejax-params"]
+        for round_ in range(args.repeats):  # rounds, so that a slow spell of a shared machine hits every method
+            for method in order[round_ % len(order) :] + order[: round_ % len(order)]:  # each round starts later
+                os.sync()  # nothing left over from the measurement before for the disk to write meanwhile
                 work = Path(tempfile.mkdtemp(prefix="bench-checkpoint-", dir=args.dir))
                 path = str(work / "ckpt")
                 try:
@@ -289,7 +298,8 @@ def main() -> None:
                         report(case, "purejax-params", {}, partial)
                 finally:
                     shutil.rmtree(work, ignore_errors=True)
-        print_table(case, [(method, *best(results)) for method, results in runs.items()])
+        rows = [(method, *best(results), save_ratio(results, runs.get("raw"))) for method, results in runs.items()]
+        print_table(case, rows)
 
 
 def best(results: list[tuple[dict, dict]]) -> tuple[dict, dict]:
@@ -306,6 +316,13 @@ def best(results: list[tuple[dict, dict]]) -> tuple[dict, dict]:
     return merged[0], merged[1]
 
 
+def save_ratio(results: list[tuple[dict, dict]], raw: list[tuple[dict, dict]] | None) -> float:
+    """The median over rounds of this method's save time over the raw write's in the same round: steadier
+    than best against best on a disk whose speed wanders from one second to the next."""
+    pairs = [(r[0], w[0]) for r, w in zip(results, raw or []) if "seconds" in r[0] and "seconds" in w[0]]
+    return statistics.median(r["seconds"] / w["seconds"] for r, w in pairs) if pairs else float("nan")
+
+
 def report(case: str, method: str, saved: dict, loaded: dict) -> None:
     save_s, load_s = saved.get("seconds", float("nan")), loaded.get("seconds", float("nan"))
     errors = " ".join(r["error"] for r in (saved, loaded) if "error" in r)
@@ -313,25 +330,26 @@ def report(case: str, method: str, saved: dict, loaded: dict) -> None:
 
 
 def print_table(case: str, rows: list) -> None:
-    data = next((saved["data"] for _, saved, _ in rows if "data" in saved), 0)
+    data = next((saved["data"] for _, saved, _, _ in rows if "data" in saved), 0)
     print(f"\n{CASES[case]}: {data / 1e9:.2f} GB\n")
-    columns = ["save + fsync (s)", "load from disk (s)", "load from page cache (s)", "file (GB)"]
+    columns = ["save + fsync (s)", "save / raw (median)", "load from disk (s)", "load from page cache (s)", "file (GB)"]
     print("| method | " + " | ".join([*columns, "extra memory, save", "extra memory, load"]) + " |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for method, saved, loaded in rows:
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for method, saved, loaded, ratio in rows:
         if "error" in saved or "error" in loaded:
-            print(f"| {method} | failed: {saved.get('error') or loaded.get('error')} ||||||")
+            print(f"| {method} | failed: {saved.get('error') or loaded.get('error')} |||||||")
             continue
         loads = [f"{loaded['seconds']:.2f}", f"{loaded['warm']:.2f}"]
         if method == "raw":
-            cells = ["raw write+fsync / read (ceiling)", f"{saved['seconds']:.2f}", *loads, "-", "-"]
+            cells = ["raw write+fsync / read (ceiling)", f"{saved['seconds']:.2f}", "1", *loads, "-", "-"]
         elif method == "purejax-params":
             of = f"{loaded['extra']:.2f}x of {loaded['data'] / 1e9:.2f} GB"
-            cells = ["purejax, params only (`subtree=`)", "-", *loads, "-", of]
+            cells = ["purejax, params only (`subtree=`)", "-", "-", *loads, "-", of]
         else:
-            cells = [method, f"{saved['seconds']:.2f}", *loads, f"{saved['extra']:.2f}x", f"{loaded['extra']:.2f}x"]
+            memory = [f"{saved['extra']:.2f}x", f"{loaded['extra']:.2f}x"]
+            cells = [method, f"{saved['seconds']:.2f}", f"{ratio:.2f}x", *loads, *memory]
         size = f"{saved['size'] / 1e9:.2f}" if "size" in saved and method != "purejax-params" else "-"
-        print("| " + " | ".join([*cells[:4], size, *cells[4:]]) + " |")
+        print("| " + " | ".join([*cells[:5], size, *cells[5:]]) + " |")
     print()
 
 

@@ -10,17 +10,16 @@ over the final name, and the directory is fsynced so that the rename itself surv
 any moment leaves the old file or the new one under the final name, never a torn one. Temporary names
 (`.NAME.PID-RANDOM.tmp`) start with a dot and end in `.tmp`; `CheckpointManager` removes leftovers.
 
-Speed: every byte's place in the file is known in advance, so large records are written by position by a
-few threads at once, 8 MiB spans each, each span checksummed and written in pieces of 512 KiB: each piece is
-written right after its CRC-32 is updated, so the write copies it from the CPU's cache rather than from
-memory, and the two cores share the checksum's work. The disk is told to start writing each span at once
-rather than at the final fsync; and the header, written first with the checksums zeroed, is rewritten in
-place once they are known (it has a fixed length: every checksum is a 4-byte bin). The file is renamed into
-place only after that. docs/benchmarks.md has the measurements behind each choice.
+Speed: the file is written front to back by one thread, from the arrays' memory in pieces of 512 KiB (each
+copy into the page cache stays within the CPU's cache), with the disk told to start writing every 64 MiB
+rather than at the final fsync. The CRC-32s, which cost about as much CPU as the copies, are computed at the
+same time by other threads, 8 MiB at a time; the header, written first with the checksums zeroed, is
+rewritten in place once they are known (it has a fixed length: every checksum is a 4-byte bin), and only
+then is the file renamed into place. So on two cores a save runs at the speed of a plain write of the bytes
+plus fsync; docs/benchmarks.md has the measurements behind each choice.
 """
 
 import datetime
-import importlib.metadata
 import os
 import secrets
 import zlib
@@ -36,6 +35,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jaxtyping import Array
 
+import purejax
 from purejax import tree as tree_lib
 from purejax.checkpoint import format as fmt
 from purejax.checkpoint import nodes
@@ -43,9 +43,10 @@ from purejax.checkpoint.crc import crc32_of_pieces
 
 PyTree = Any
 TEMP_SUFFIX = ".tmp"
-_WRITE_THREADS = min(4, os.cpu_count() or 1)  # threads checksumming and writing large records
-_SPAN_BYTES = 8 * 2**20  # what one thread writes at a time; smaller records are written in order
-_PIECE_BYTES = 512 * 2**10  # checksummed, then written while still in the CPU's cache (1 MiB L2 here)
+_CHECKSUM_THREADS = max(1, min(4, (os.cpu_count() or 1) - 1))  # beside the thread that writes
+_SPAN_BYTES = 8 * 2**20  # what one checksum thread takes at a time
+_PIECE_BYTES = 512 * 2**10  # one write; also the size below which a record is checksummed by the writer
+_WRITEBACK_BYTES = 64 * 2**20  # how often the disk is told to start on what has been written
 
 
 def save(
@@ -81,7 +82,7 @@ def save(
     leaves = [(name, *_storable(x)) for name, x in leaves]
     entries = [_manifest_entry(name, x, impl, chunk_bytes) for name, x, impl in leaves]
     header = fmt.header_dict(
-        purejax_version=_purejax_version(),
+        purejax_version=purejax.__version__,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         step=None if step is None else _step(step),
         config=fmt.plain(config, "config"),
@@ -130,76 +131,74 @@ def _write_file(f, header: dict[str, Any], arrays: Iterator[np.ndarray]) -> None
     """Header (checksums zeroed), every leaf's records, then the header again with the checksums. `arrays`
     are the leaves as host arrays (`_to_host`), taken one at a time as each is written.
 
-    Every byte's place in the file is known from the header, so the file is written by position (`pwrite`):
-    records of `_PIECE_BYTES` or more by `_WRITE_THREADS` threads in spans of up to `_SPAN_BYTES`
-    (checksummed and written in pieces, see `_write_span`), the spans' CRCs then combined into the record's
-    (`crc32_combine`); the record prefixes and small records by this thread through a small buffer
-    (`_SmallWrites`). One leaf is finished before the next is taken, so at most one leaf is held beyond the
-    tree itself. On two cores the second thread hides about a third of the checksums' time (docs/benchmarks.md)."""
+    This thread writes the file front to back (`_SequentialWrites`), at the pace of a plain copy of the
+    bytes, while `_CHECKSUM_THREADS` other threads compute the large records' CRC-32s span by span
+    (`_SPAN_BYTES`), combined into each record's (`crc32_of_pieces`); small records are checksummed here. A
+    leaf's checksums are collected before the next leaf is taken, so at most one leaf is held beyond the
+    tree itself. On two cores the checksums then cost no time on a disk-bound save (docs/benchmarks.md)."""
     fd = f.fileno()
     placeholder = msgpack.packb(header, use_bin_type=True)
-    small = _SmallWrites(fd, offset=0)
-    small.add(fmt.pack_preamble(len(placeholder), zlib.crc32(placeholder)))
-    small.add(placeholder)
-    pool = ThreadPoolExecutor(max_workers=_WRITE_THREADS, thread_name_prefix="purejax-write")
+    out = _SequentialWrites(fd)
+    out.write(fmt.pack_preamble(len(placeholder), zlib.crc32(placeholder)) + placeholder)
+    pool = ThreadPoolExecutor(max_workers=_CHECKSUM_THREADS, thread_name_prefix="purejax-checksum")
     try:
         for entry, x in zip(header["leaves"], arrays, strict=True):
             data, records, start = x.reshape(-1).view(np.uint8), [], 0
             for size in fmt.chunk_sizes(data.nbytes, header["chunk_bytes"]):
-                small.add(fmt.pack_record_prefix(size))
                 record = data[start : start + size]
                 if size < _PIECE_BYTES:
-                    small.add(record)
                     records.append([(size, zlib.crc32(record))])
                 else:
                     spans = [record[i : i + _SPAN_BYTES] for i in range(0, size, _SPAN_BYTES)]
-                    records.append([pool.submit(_write_span, fd, span, small.skip(span.nbytes)) for span in spans])
+                    records.append([pool.submit(_span_crc, span) for span in spans])
+                out.write(fmt.pack_record_prefix(size))
+                out.write(record)
                 start += size
             entry["crc32"] = np.asarray([_record_crc(spans) for spans in records], "<u4").tobytes()
     finally:  # after an error (or Ctrl-C), skip the spans not started and wait for those running
         pool.shutdown(wait=True, cancel_futures=True)
-    small.flush()
+    out.flush()
     final = msgpack.packb(header, use_bin_type=True)
     assert len(final) == len(placeholder), "the header changed length when its checksums were filled in"
     _write_at(fd, fmt.pack_preamble(len(final), zlib.crc32(final)) + final, 0)
 
 
-class _SmallWrites:
-    """Sequential writes from `offset` on, gathered into writes of about `_PIECE_BYTES`: the record prefixes
-    and small records between the large spans that threads write. `skip` reserves room for such a span."""
+def _span_crc(span: np.ndarray) -> tuple[int, int]:
+    return span.nbytes, zlib.crc32(span)
 
-    def __init__(self, fd: int, offset: int):
-        self.fd, self.offset, self.pending = fd, offset, bytearray()
 
-    def add(self, data: Any) -> None:
-        self.pending += memoryview(data).cast("B")
-        if len(self.pending) >= _PIECE_BYTES:
-            self.flush()
+class _SequentialWrites:
+    """Writes the file front to back: small pieces (record prefixes, small records) gathered into writes of
+    about `_PIECE_BYTES`, large ones written from their own memory in pieces of `_PIECE_BYTES` (each copy
+    into the page cache stays within the CPU's cache). Every `_WRITEBACK_BYTES` the kernel is asked to start
+    writing what came before to disk (`_start_writeback`), so the disk works during the writes instead of
+    all at the final fsync."""
 
-    def skip(self, nbytes: int) -> int:
-        """Leave `nbytes` for another writer; returns where they start."""
+    def __init__(self, fd: int):
+        self.fd, self.offset, self.started, self.pending = fd, 0, 0, bytearray()
+
+    def write(self, data: Any) -> None:
+        view = memoryview(data).cast("B")
+        if len(view) < _PIECE_BYTES:
+            self.pending += view
+            if len(self.pending) >= _PIECE_BYTES:
+                self.flush()
+            return
         self.flush()
-        at, self.offset = self.offset, self.offset + nbytes
-        return at
+        for begin in range(0, len(view), _PIECE_BYTES):
+            self._write(view[begin : begin + _PIECE_BYTES])
 
     def flush(self) -> None:
         if self.pending:
-            _write_at(self.fd, self.pending, self.offset)
-            self.offset += len(self.pending)
+            self._write(self.pending)
             self.pending = bytearray()
 
-
-def _write_span(fd: int, span: np.ndarray, offset: int) -> tuple[int, int]:
-    """Write `span` at `offset` in pieces of `_PIECE_BYTES`, each checksummed just before it is written, so
-    the write copies it from the CPU's cache instead of memory; then ask the kernel to start writing the span
-    to disk (`_start_writeback`). Returns `(length, CRC-32)` of the span."""
-    crc = 0
-    for begin in range(0, span.nbytes, _PIECE_BYTES):
-        piece = span[begin : begin + _PIECE_BYTES]
-        crc = zlib.crc32(piece, crc)
-        _write_at(fd, piece, offset + begin)
-    _start_writeback(fd, offset, span.nbytes)
-    return span.nbytes, crc
+    def _write(self, data: Any) -> None:
+        _write_at(self.fd, data, self.offset)
+        self.offset += len(data)
+        if self.offset - self.started >= _WRITEBACK_BYTES:
+            _start_writeback(self.fd, self.started, self.offset - self.started)
+            self.started = self.offset
 
 
 def _record_crc(spans: list) -> int:
@@ -317,10 +316,3 @@ def _step(step: Any) -> int:
     if np.ndim(step) != 0 or not np.issubdtype(np.asarray(step).dtype, np.integer):
         raise TypeError(f"step must be an integer scalar, got {tree_lib.describe(step)}")
     return int(step)
-
-
-def _purejax_version() -> str:
-    try:
-        return importlib.metadata.version("purejax")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"

@@ -48,8 +48,8 @@ def die_before_operation(k: int) -> None:
 
 
 def save_step_2(directory: Path, k: int) -> None:
-    # Small spans and pieces, so that these tiny records are written as a large one is: in pieces, by the
-    # writer threads, in no fixed order; a kill can then land between any two of their writes.
+    # Small spans and pieces, so that these tiny records are saved as a large one is: written in pieces by this
+    # thread while other threads checksum them span by span; a kill can then land between any two writes.
     write._SPAN_BYTES, write._PIECE_BYTES = 32, 16
     try:
         manager = checkpoint.CheckpointManager(directory, keep_last=1, chunk_bytes=CHUNK_BYTES)

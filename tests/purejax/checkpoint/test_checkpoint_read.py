@@ -268,9 +268,9 @@ def test_every_flipped_bit_is_detected_and_located(tmp_path):
 
 
 def test_records_read_in_many_spans_and_pieces_verify_each_span(tmp_path, monkeypatch):
-    """With tiny spans and pieces (save and restore), each record is written by several threads and read by
-    several threads in spans whose CRCs are combined: the values round-trip, and a flipped bit in the
-    first, a middle or the last span of a record is caught and located."""
+    """With tiny spans and pieces (save and restore), each record is checksummed in several spans on a save
+    and read by several threads in spans on a restore, the spans' CRCs combined: the values round-trip, and
+    a flipped bit in the first, a middle or the last span of a record is caught and located."""
     from purejax.checkpoint import read, write
 
     monkeypatch.setattr(write, "_PIECE_BYTES", 3)

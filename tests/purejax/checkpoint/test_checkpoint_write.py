@@ -5,6 +5,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -38,7 +39,7 @@ def test_a_failing_save_keeps_the_old_file_and_removes_its_temporary(tmp_path, m
         os.pwrite(fd, data, offset)
 
     monkeypatch.setattr(write, "_write_at", failing_write)
-    monkeypatch.setattr(write, "_PIECE_BYTES", 64)  # records of 100 bytes go to the writer threads
+    monkeypatch.setattr(write, "_PIECE_BYTES", 64)  # records of 100 bytes: written in pieces, checksummed by threads
     with pytest.raises(OSError, match="No space left"):
         checkpoint.save(path, {"w": np.ones(1000)}, step=2, chunk_bytes=100)
     assert os.listdir(tmp_path) == ["ckpt.msgpack"]
@@ -62,6 +63,37 @@ def test_file_is_fsynced_before_the_rename_and_the_directory_after(tmp_path, mon
     monkeypatch.setattr(os, "replace", replace)
     checkpoint.save(tmp_path / "ckpt.msgpack", {"w": np.zeros(3)})
     assert events == ["fsync file", "rename temporary -> ckpt.msgpack", "fsync dir"]
+
+
+def test_the_file_is_written_front_to_back_while_other_threads_checksum(tmp_path, monkeypatch):
+    """One thread writes every byte once, in order (the disk's fastest pattern), then rewrites the header
+    with the checksums; the large records' CRCs are computed on other threads."""
+    writes, checksummers = [], set()
+    real_write, real_span_crc = write._write_at, write._span_crc
+
+    def recorded_write(fd, data, offset):
+        writes.append((offset, len(memoryview(data).cast("B")), threading.current_thread().name))
+        real_write(fd, data, offset)
+
+    def recorded_span_crc(span):
+        checksummers.add(threading.current_thread().name)
+        return real_span_crc(span)
+
+    monkeypatch.setattr(write, "_write_at", recorded_write)
+    monkeypatch.setattr(write, "_span_crc", recorded_span_crc)
+    monkeypatch.setattr(write, "_PIECE_BYTES", 256)
+    monkeypatch.setattr(write, "_SPAN_BYTES", 1000)
+    path = tmp_path / "ckpt.msgpack"
+    tree = {"a": np.arange(1000, dtype=np.float32), "b": np.arange(10), "c": np.ones((30, 40))}
+    checkpoint.save(path, tree, chunk_bytes=3000)
+    *body, last = writes
+    assert [offset for offset, _, _ in body] == list(np.cumsum([0] + [n for _, n, _ in body[:-1]]))
+    assert body[-1][0] + body[-1][1] == path.stat().st_size
+    assert last[0] == 0 and last[1] == checkpoint.read_metadata(path).manifest["a"].offset  # preamble + header
+    assert {name for _, _, name in writes} == {threading.current_thread().name}
+    assert checksummers and threading.current_thread().name not in checksummers
+    restored = checkpoint.restore(path).tree
+    assert all(np.array_equal(restored[k], tree[k]) for k in tree)
 
 
 def test_temporary_names_are_hidden_unique_and_recognisable(tmp_path):
