@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
     if command == "demo":
         ensure_venv("test,examples")
         out_dir = next((a.split("=", 1)[1] for a in rest if a.startswith("--out_dir=")), "out-gpt")
-        return run(["-m", "train.gpt", *rest]) or run(["-m", "train.sample", f"--out_dir={out_dir}", "--num_samples=1"])
+        return run(["-m", "purejax.train.gpt", *rest]) or run(["-m", "purejax.train.sample", f"--out_dir={out_dir}", "--num_samples=1"])
     if command == "test":
         ensure_venv("test,examples")
         return run(["-m", "pytest", *rest])

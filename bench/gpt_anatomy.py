@@ -44,10 +44,10 @@ import numpy as np
 
 from bench import gpt_train
 from bench.timing import interleaved_medians
-from models import gpt
+from purejax.models import gpt
 from purejax import optim
 from purejax.precision import Policy
-from train import gpt as train_gpt
+from purejax.train import gpt as train_gpt
 
 CONFIGS = ("tiny", "baby", "small")
 SECTIONS = ("profile", "dots", "attention", "step", "flags")
@@ -284,7 +284,7 @@ def make_purejax_unrolled(weights, config, x, y):
 
 
 def fused_adamw(cfg: train_gpt.TrainConfig) -> optim.GradientTransformation:
-    """train/gpt.py's AdamW (warmup-cosine rate, decay on `train_gpt.decays`) written as ONE tree_map over
+    """purejax/train/gpt.py's AdamW (warmup-cosine rate, decay on `train_gpt.decays`) written as ONE tree_map over
     (grad, mu, nu, param) instead of the chain adam -> weight decay -> learning rate: the comparison for
     "does chaining transforms cost anything once XLA has fused the step?"."""
     from purejax.optim.weight_decay import resolve_mask

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models import gpt
+from purejax.models import gpt
 
 BUCKET = 32
 

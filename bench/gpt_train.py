@@ -11,7 +11,7 @@ timing the run checks that all of them report the same loss on the first step (t
 the second (after one identical update).
 
 Contenders (`--peers`, default all but raw-scan):
-    purejax        models/gpt.py + purejax.optim, built exactly as train/gpt.py builds its step (scan over layers)
+    purejax        purejax/models/gpt.py + purejax.optim, built exactly as purejax/train/gpt.py builds its step (scan over layers)
     purejax-loop   the same with GPTConfig(layers="loop"): the blocks unrolled as a Python loop
     raw            jax.numpy only: a dict of params with a list of per-layer dicts, a hand-written AdamW
     raw-scan       the same maths with the blocks stacked and run under lax.scan
@@ -46,13 +46,13 @@ import numpy as np
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from bench.timing import interleaved_medians
-from models import gpt, gpt_hf
+from purejax.models import gpt, gpt_hf
 from purejax import optim
 from purejax.precision import Policy
-from train import gpt as train_gpt
-from train import run
+from purejax.train import gpt as train_gpt
+from purejax.train import run
 
-TRAIN = train_gpt.TrainConfig()  # the optimizer settings of `python -m train.gpt`'s defaults
+TRAIN = train_gpt.TrainConfig()  # the optimizer settings of `python -m purejax.train.gpt`'s defaults
 GRAD_CLIP = 1.0
 
 
@@ -83,7 +83,7 @@ DEFAULT_PEERS = tuple(p for p in PEERS if p != "raw-scan")  # raw-scan on reques
 
 
 def nanogpt_lr(it, xp=np):
-    """nanoGPT's get_lr(it) with train/gpt.py's defaults, for the peers that schedule by hand; `xp` is numpy
+    """nanoGPT's get_lr(it) with purejax/train/gpt.py's defaults, for the peers that schedule by hand; `xp` is numpy
     (torch's Python loop) or jax.numpy (inside a jitted step)."""
     lr, min_lr, warmup, decay = TRAIN.learning_rate, TRAIN.min_lr, TRAIN.warmup_iters, TRAIN.lr_decay_iters
     ratio = xp.clip((it - warmup) / (decay - warmup), 0.0, 1.0)
@@ -114,7 +114,7 @@ def optax_adamw():
 
 
 def make_purejax(weights, config, x, y, layers="scan", *, optimizer=None, donate=True):
-    """The step of train/gpt.py: optim.train_step with make_optimizer and make_loss_fn, jitted, state donated.
+    """The step of purejax/train/gpt.py: optim.train_step with make_optimizer and make_loss_fn, jitted, state donated.
     `optimizer` and `donate` let bench/gpt_anatomy.py time variants of the same step."""
     model = dataclasses.replace(config, layers=layers)
     optimizer = optimizer or train_gpt.make_optimizer(TRAIN)

@@ -44,7 +44,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from bench.gpt_train import CASES  # noqa: E402
 from bench.timing import interleaved_medians  # noqa: E402
-from models import gpt  # noqa: E402
+from purejax.models import gpt  # noqa: E402
 from purejax import optim, parallel  # noqa: E402
 from purejax import tree as tree_lib  # noqa: E402
 
@@ -106,7 +106,7 @@ def make_batch(config: gpt.GPTConfig, batch: int):
 
 
 def single_step(config: gpt.GPTConfig, params, optimizer):
-    """The one-device step and its state, built as train/gpt.py builds it."""
+    """The one-device step and its state, built as purejax/train/gpt.py builds it."""
     step = jax.jit(partial(optim.train_step, optimizer=optimizer, max_grad_norm=1.0,
                            loss_fn=lambda p, b, k: (gpt.loss(p, b, config, k), {})))  # fmt: skip
     return step, optim.init_train_state(params, optimizer, jax.random.key(1))

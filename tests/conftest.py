@@ -1,4 +1,4 @@
-"""Test-session set-up: run-time shape and type checking of everything in `purejax` and `models`, and a
+"""Test-session set-up: run-time shape and type checking of everything in `purejax` (its models and programs included), and a
 persistent compilation cache.
 
 jaxtyping's import hook decorates every annotated function in those packages with beartype as they are
@@ -21,4 +21,4 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
 from jaxtyping import install_import_hook  # noqa: E402
 
-install_import_hook(["purejax", "models"], "beartype.beartype(conf=beartype.BeartypeConf(is_pep484_tower=True))")
+install_import_hook(["purejax"], "beartype.beartype(conf=beartype.BeartypeConf(is_pep484_tower=True))")

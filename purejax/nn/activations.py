@@ -1,7 +1,10 @@
 """Activation functions. Plain functions of arrays, no parameters; pass them by name to layers that take one."""
 
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
 
@@ -14,9 +17,22 @@ def relu6(x: Float[Array, "*shape"]) -> Float[Array, "*shape"]:
     return jnp.clip(x, 0, 6)
 
 
+@jax.custom_jvp
 def gelu(x: Float[Array, "*shape"]) -> Float[Array, "*shape"]:
-    """Exact GELU, x * Phi(x) with the normal CDF via erf (torch's default `nn.GELU()`)."""
+    """Exact GELU, x * Phi(x) with the normal CDF via erf (torch's default `nn.GELU()`).
+
+    The derivative, Phi(x) + x * phi(x), is written out (`_gelu_jvp`) rather than left to JAX: from jax 0.12,
+    JAX's erf is a polynomial whose constant coefficients are not cast to the input's varying mesh axes, so
+    differentiating it inside `jax.shard_map(..., check_vma=True)` fails. The forward value is JAX's own."""
     return jax.nn.gelu(x, approximate=False)
+
+
+@gelu.defjvp
+def _gelu_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    cdf = 0.5 * jax.lax.erfc(-x * np.sqrt(0.5).astype(x.dtype))  # Phi(x), as jax.nn.gelu computes it
+    pdf = jnp.exp(-0.5 * x * x) * np.asarray(1 / math.sqrt(2 * math.pi), x.dtype)  # phi(x)
+    return x * cdf, (cdf + x * pdf) * dx
 
 
 def gelu_tanh(x: Float[Array, "*shape"]) -> Float[Array, "*shape"]:

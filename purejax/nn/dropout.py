@@ -1,5 +1,5 @@
 """Dropout (Srivastava et al. 2014), inverted: kept values are divided by (1 - rate) so evaluation needs no
-rescaling. No key means evaluation: the input comes back unchanged. There is no hidden train/eval flag."""
+rescaling. No key means evaluation: the input comes back unchanged. There is no hidden purejax/train/eval flag."""
 
 import jax
 import jax.numpy as jnp

@@ -68,5 +68,5 @@ def add_decayed_weights(weight_decay: ArrayLike, mask: Mask = None) -> GradientT
 def ndim_at_least(n: int) -> Callable[[str, Any], bool]:
     """A mask predicate selecting leaves with at least `n` dimensions (`ndim_at_least(2)`: nanoGPT's rule for
     per-layer params). Leaves stacked on a leading layer axis (`purejax.nn.stack`, the GPT's "blocks") carry one
-    more dimension, so there their LayerNorm scales count as 2-D: train/gpt.py's `decays` discounts that axis."""
+    more dimension, so there their LayerNorm scales count as 2-D: purejax/train/gpt.py's `decays` discounts that axis."""
     return lambda path, leaf: leaf.ndim >= n

@@ -96,3 +96,23 @@ def test_get_unknown_name_lists_the_valid_ones():
 def test_int_input_fails_at_the_call_naming_the_argument():
     with pytest.raises(TypeCheckError, match="parameter 'x'"):
         activations.gelu(jnp.arange(3))
+
+
+def test_gelu_differentiates_inside_shard_map():
+    """Inside `shard_map(check_vma=True)` the gradient of exact GELU with respect to a replicated weight must
+    trace and equal the one-device gradient. JAX's own erf derivative fails there from jax 0.12 (its polynomial
+    coefficients are not varying over the mesh axis); `activations.gelu` writes its derivative out."""
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+    x = jnp.linspace(-3.0, 3.0, 8)
+
+    def loss(w, x):
+        return jnp.sum(activations.gelu(x * w))
+
+    def sharded_grad(w, x):
+        return jax.lax.psum(jax.grad(loss)(w, x), "data")
+
+    step = jax.jit(jax.shard_map(sharded_grad, mesh=mesh, in_specs=(P(), P("data")), out_specs=P(), check_vma=True))
+    np.testing.assert_allclose(step(jnp.float32(0.7), x), jax.grad(loss)(jnp.float32(0.7), x), rtol=1e-6)

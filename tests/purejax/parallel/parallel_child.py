@@ -27,7 +27,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from models import gpt  # noqa: E402
+from purejax.models import gpt  # noqa: E402
 from purejax import optim, parallel  # noqa: E402
 from purejax import tree as tree_lib  # noqa: E402
 from purejax.nn import attention  # noqa: E402

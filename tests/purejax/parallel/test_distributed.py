@@ -24,7 +24,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from models import mlp
+from purejax.models import mlp
 from purejax import tree
 from purejax.parallel import distributed, launch
 

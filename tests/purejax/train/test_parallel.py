@@ -1,0 +1,91 @@
+"""`python -m purejax.train.gpt` on several devices and processes computes what one device computes.
+
+One chain of runs covers the whole path: a single-device run is the reference; a run on a 2 x 2 mesh (tensor
+and data parallel, 4 simulated CPU devices in one process) trains the first 8 iterations; a run of 2
+processes with 2 devices each, fully sharded over dp=4, resumes that checkpoint (saved from one mesh,
+restored onto another) for 4 more. Both checkpoints must equal the single-device run's.
+
+The unit tests below check `train.parallel.Devices` without a mesh, and the batch rows each process reads.
+"""
+
+
+import jax
+import numpy as np
+import pytest
+
+from purejax.parallel import launch
+from tests.purejax.train.test_gpt import ROOT, TINY, corpus, final_state, finish, run_gpt  # noqa: F401 - corpus: a fixture
+from purejax.train import data as data_lib
+from purejax.train.gpt import TrainConfig
+from purejax.train.parallel import Devices
+
+COMMON = [*TINY, "--lr_decay_iters=12", "--warmup_iters=2", "--eval_interval=4", "--eval_iters=1",
+          "--log_interval=4", "--batch_size=8", "--n_head=4"]  # no dropout: sharded masks differ by design  # fmt: skip
+
+
+def assert_same_state(got, want, what: str) -> None:
+    """Params and AdamW moments equal to float32 rounding (the sharded sums add in another order)."""
+    assert int(got.step) == int(want.step), what
+    for name in ("params", "opt_state"):
+        flat_got, flat_want = jax.tree_util.tree_leaves_with_path(getattr(got, name)), jax.tree.leaves(getattr(want, name))
+        assert len(flat_got) == len(flat_want), what
+        for (path, g), w in zip(flat_got, flat_want):
+            np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-6, err_msg=f"{what}: {name}{jax.tree_util.keystr(path)}")
+
+
+def test_mesh_and_multi_process_runs_equal_the_single_device_run(tmp_path, corpus):
+    data = f"--dataset={corpus}"
+    # The reference: one device, 12 iterations, a checkpoint every 4.
+    finish(run_gpt([*COMMON, data, "--out_dir=single", "--max_iters=12"], tmp_path))
+    # A 2 x 2 mesh (Megatron tensor parallel inside data parallel), iterations 0..8.
+    out = finish(run_gpt([*COMMON, data, "--out_dir=mesh", "--max_iters=8", "--dp=2", "--tp=2"], tmp_path))
+    assert "2 x 2 mesh of 4 cpu devices in 1 process" in out, out
+    assert_same_state(final_state(tmp_path / "mesh", 8), final_state(tmp_path / "single", 8), "2 x 2 mesh at iter 8")
+
+    # Two processes of 2 devices each, fully sharded over dp=4, resume the mesh run's checkpoint: 8..12.
+    args = ["-m", "purejax.train.gpt", *COMMON, data, "--out_dir=mesh", "--max_iters=12", "--init_from=resume", "--dp=4",
+            "--fsdp=true"]  # fmt: skip
+    results = launch.launch(args, 2, timeout=300, devices_per_process=2, cwd=tmp_path,
+                            env={"PUREJAX_HEARTBEAT_TIMEOUT": "20", "PYTHONPATH": str(ROOT)})  # fmt: skip
+    outputs = "\n".join(f"--- process {r.process_id}: {r.returncode}\n{r.output}" for r in results)
+    assert [r.returncode for r in results] == [0, 0], outputs
+    assert "4 x 1 mesh (fsdp) of 4 cpu devices in 2 process(es)" in results[0].output, outputs
+    assert "iter 12" in results[0].output and "iter 12" not in results[1].output, "only process 0 logs"
+    assert_same_state(final_state(tmp_path / "mesh", 12), final_state(tmp_path / "single", 12), "2 processes at iter 12")
+
+
+def test_devices_on_one_device_is_the_plain_program():
+    devices = Devices()
+    assert not devices.sharded and devices.local_rows(8) is None
+    assert devices.axes.data is None and devices.axes.model is None
+    x = np.arange(6).reshape(2, 3)
+    np.testing.assert_array_equal(devices.put_batch(x, 2), x)
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(dp=1, fsdp=True), "needs dp > 1"),
+        (dict(dp=3, num_processes=2), "cannot be shared evenly by 2 processes"),
+        (dict(dp=0), "dp must be a positive int"),
+    ],
+)
+def test_impossible_device_settings_are_rejected(settings, message):
+    with pytest.raises(ValueError, match=message):
+        Devices(**settings)
+
+
+def test_the_vocabulary_is_padded_to_a_multiple_of_tp():
+    assert TrainConfig().model_config(108).vocab_size == 108
+    assert TrainConfig(tp=8, n_head=8).model_config(108).vocab_size == 112
+
+
+def test_a_process_reads_only_its_rows_of_the_same_batch():
+    tokens = np.arange(1000, dtype=np.uint16)
+    whole = data_lib.get_batch(tokens, 8, 16, seed=3, step=5)
+    for rows in (range(0, 4), range(4, 8), range(2, 3)):
+        part = data_lib.get_batch(tokens, 8, 16, seed=3, step=5, rows=rows)
+        np.testing.assert_array_equal(part[0], whole[0][rows.start : rows.stop])
+        np.testing.assert_array_equal(part[1], whole[1][rows.start : rows.stop])
+    with pytest.raises(ValueError, match="contiguous range within 0..8"):
+        data_lib.get_batch(tokens, 8, 16, seed=3, step=5, rows=range(4, 12))
