@@ -86,7 +86,7 @@ def nnx_model(weights, config):
         def __init__(self, rngs):
             self.adaln = nnx.Linear(d, 6 * d, rngs=rngs)
             self.qkv, self.attn_proj = nnx.Linear(d, 3 * d, rngs=rngs), nnx.Linear(d, d, rngs=rngs)
-            self.fc, self.mlp_proj = nnx.Linear(d, config.d_hidden, rngs=rngs), nnx.Linear(config.d_hidden, d, rngs=rngs)
+            self.fc, self.mlp_proj = nnx.Linear(d, config.d_ff, rngs=rngs), nnx.Linear(config.d_ff, d, rngs=rngs)
             self.norm = nnx.LayerNorm(d, epsilon=1e-6, use_bias=False, use_scale=False, rngs=rngs)
 
         def __call__(self, x, c):

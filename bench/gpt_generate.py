@@ -1,5 +1,5 @@
-"""Generation speed: `models.gpt.generate` (key/value cache, one compiled scan) against nanoGPT's way, which
-runs the whole context through the model for every new token.
+"""Generation speed: `purejax.models.gpt_decode.generate` (key/value cache, one compiled scan) against nanoGPT's
+way, which runs the whole context through the model for every new token.
 
     python -m bench.gpt_generate [--block 256] [--prompt 16] [--batch 1] [--repeats 3]
 
@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from purejax.models import gpt
+from purejax.models import gpt, gpt_decode
 
 BUCKET = 32
 
@@ -42,7 +42,7 @@ def recompute_generate(params, prompt, config, max_new_tokens):
 
 @partial(jax.jit, static_argnames="config")
 def _last_argmax(params, padded, last, config):
-    h, _ = gpt.hidden(params, padded, config)
+    h = gpt.hidden(params, padded, config)
     logits = h[:, last] @ params["wte"]["w"].T
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
@@ -62,7 +62,8 @@ def main(argv=None):
     key = jax.random.key(1)
 
     def cached():
-        return jax.block_until_ready(gpt.generate(params, prompt, config, key, max_new_tokens=new, temperature=0.0))
+        out = gpt_decode.generate(params, prompt, config, key, max_new_tokens=new, temperature=0.0)
+        return jax.block_until_ready(out)
 
     def recompute():
         return recompute_generate(params, prompt, config, new)
@@ -86,7 +87,7 @@ def main(argv=None):
     print(f"batch {args.batch}, prompt {args.prompt}, {new} new tokens, median of {args.repeats}")
     print(f"tokens equal in both: {agree:.1%}")
     print(f"{'':28s} {'seconds':>9s} {'tokens/s':>10s} {'first call (compile) s':>24s}")
-    for name, label, first in (("cached", "KV cache (gpt.generate)", compile_cached),
+    for name, label, first in (("cached", "KV cache (gpt_decode.generate)", compile_cached),
                                ("recompute", "recompute (nanoGPT's way)", compile_recompute)):  # fmt: skip
         t = statistics.median(times[name])
         print(f"{label:28s} {t:9.3f} {args.batch * new / t:10.1f} {first:24.1f}")

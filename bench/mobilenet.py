@@ -15,6 +15,7 @@ Median step time from interleaved samples (bench/timing.py); "first s" includes 
 """
 
 import argparse
+import functools
 import time
 
 import jax
@@ -34,10 +35,10 @@ LR, WEIGHT_DECAY = 1e-3, 1e-4
 def purejax_step(config):
     optimizer = optim.adamw(LR, weight_decay=WEIGHT_DECAY)
     params = mobilenet.init(jax.random.key(0), config)
-    state = optim.init_train_state(params, optimizer, jax.random.key(1))
-    step = jax.jit(lambda s, m, b: classify.train_step(s, m, b, model=config, optimizer=optimizer, max_grad_norm=None),
-                   donate_argnums=(0, 1))  # fmt: skip
-    return params, step, [state, mobilenet.init_state(config)]
+    state = optim.init_train_state(params, optimizer, jax.random.key(1), model_state=mobilenet.init_state(config))
+    step = jax.jit(functools.partial(optim.train_step, loss_fn=classify.make_loss_fn(config), optimizer=optimizer),
+                   donate_argnums=0)  # fmt: skip
+    return params, step, [state]
 
 
 def nnx_model(config, params):
@@ -76,7 +77,7 @@ def nnx_model(config, params):
             self.stem = Unit(params["stem"], 1, config.stem_stride)
             self.blocks = nnx.List([Block(params[b.name], b) for b in config.blocks()])
             self.last = Unit(params["last"], 1, 1)
-            self.classifier = nnx.Linear(config.last_channels, config.num_classes, rngs=rngs)
+            self.classifier = nnx.Linear(config.last_channels, config.n_classes, rngs=rngs)
             self.classifier.kernel.value, self.classifier.bias.value = params["classifier"]["w"], params["classifier"]["b"]
 
         def __call__(self, x):
@@ -120,14 +121,14 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     batch = (jnp.asarray(rng.uniform(size=(args.batch, args.image_size, args.image_size, 3)), jnp.float32),
              jnp.asarray(rng.integers(0, 10, args.batch), jnp.int32))  # fmt: skip
-    base = dict(num_classes=10, image_size=args.image_size, width=args.width, dropout=0.0)
+    base = dict(n_classes=10, image_size=args.image_size, width_mult=args.width, dropout=0.0)
     contenders, first, losses_seen = {}, {}, {}
     for impl in ("xla", "shifts"):
         config = mobilenet.MobileNetConfig(**base, depthwise_impl=impl)
         params, step, holder = purejax_step(config)
 
         def run(step=step, holder=holder):
-            holder[0], holder[1], metrics = step(holder[0], holder[1], batch)
+            holder[0], metrics = step(holder[0], batch)
             return metrics["loss"]
 
         contenders[f"purejax-{impl}"] = run

@@ -44,7 +44,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from bench.gpt_train import CASES  # noqa: E402
 from bench.timing import interleaved_medians  # noqa: E402
-from purejax.models import gpt  # noqa: E402
+from purejax.models import gpt, gpt_parallel  # noqa: E402
 from purejax import optim, parallel  # noqa: E402
 from purejax import tree as tree_lib  # noqa: E402
 
@@ -108,19 +108,19 @@ def make_batch(config: gpt.GPTConfig, batch: int):
 def single_step(config: gpt.GPTConfig, params, optimizer):
     """The one-device step and its state, built as purejax/train/gpt.py builds it."""
     step = jax.jit(partial(optim.train_step, optimizer=optimizer, max_grad_norm=1.0,
-                           loss_fn=lambda p, b, k: (gpt.loss(p, b, config, k), {})))  # fmt: skip
+                           loss_fn=lambda p, b, k: (gpt.loss(p, b, config, key=k), {})))  # fmt: skip
     return step, optim.init_train_state(params, optimizer, jax.random.key(1))
 
 
 def sharded_step(config: gpt.GPTConfig, params, optimizer, dp: int, tp: int, fsdp: bool, devices=None):
     mesh = parallel.make_mesh(dp, tp, devices)
     axes = parallel.MeshAxes.of(mesh, fsdp=fsdp)
-    specs = gpt.param_specs(config, axes, mesh.shape)
+    specs = gpt_parallel.param_specs(config, axes, mesh.shape)
     state = optim.init_train_state(params, optimizer, jax.random.key(1))
     state_specs = parallel.state_specs(state, specs)
     step = parallel.sharded_train_step(
         mesh, state_specs, P(axes.data), optimizer=optimizer, max_grad_norm=1.0,
-        loss_fn=lambda p, b, k: (gpt.loss(p, b, config, k, axes=axes), {}),
+        loss_fn=lambda p, b, k: (gpt_parallel.loss(p, b, config, key=k, axes=axes), {}),
     )  # fmt: skip
     return step, parallel.shard(state, state_specs, mesh), specs
 

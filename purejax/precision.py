@@ -5,10 +5,14 @@
 
 Only floating-point arrays are cast; integer inputs (token ids), bools and keys pass through. Whatever the
 compute dtype, purejax's norms, softmax and losses upcast to float32 internally: their reductions are where
-low precision hurts first.
+low precision hurts first. `cast=` names the arguments to cast when some floating inputs must stay as they
+are (a diffusion time step, BatchNorm's running statistics):
+
+    loss = with_policy(loss_fn, policy, cast=("params", "batch"))   # model_state and key pass through
 """
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import wraps
 from typing import Any
@@ -73,20 +77,59 @@ class Policy:
         return f"params={self.param_dtype.name},compute={self.compute_dtype.name},output={self.output_dtype.name}"
 
 
-def with_policy(apply: Callable, policy: Policy) -> Callable:
-    """`apply` run under `policy`: floating params and array arguments are cast to the compute dtype, floating
-    outputs to the output dtype. Non-array arguments (configs, flags, keys) are passed through untouched."""
+def with_policy(apply: Callable, policy: Policy, *, cast: Collection[str | int] | None = None) -> Callable:
+    """`apply` run under `policy`: floating array arguments are cast to the compute dtype, floating outputs to
+    the output dtype. Non-array arguments (configs, flags, keys) are passed through untouched.
 
-    def cast_arg(x):
+    Arguments:
+        cast: the arguments to cast, by name or by position in `apply`'s signature, e.g. `("params", "x")`
+            or `(0, 1)`; the others pass through as they are. None (the default): every argument that holds
+            floating arrays.
+    """
+    if cast is None:
+        selected = None
+    else:
+        signature, selected = _selected_parameters(apply, cast)
+
+    def cast_arg(x: Any) -> Any:
         return policy.cast_to_compute(x) if _has_arrays(x) else x
 
     @wraps(apply)
-    def wrapped(*args, **kwargs):
-        args = tuple(cast_arg(a) for a in args)
-        kwargs = {k: cast_arg(v) for k, v in kwargs.items()}
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        if selected is None:
+            args = tuple(cast_arg(a) for a in args)
+            kwargs = {k: cast_arg(v) for k, v in kwargs.items()}
+        else:
+            bound = signature.bind(*args, **kwargs)
+            for name in selected & set(bound.arguments):
+                bound.arguments[name] = cast_arg(bound.arguments[name])
+            args, kwargs = bound.args, bound.kwargs
         return policy.cast_to_output(apply(*args, **kwargs))
 
     return wrapped
+
+
+def _selected_parameters(apply: Callable, cast: Collection[str | int]) -> tuple[inspect.Signature, set[str]]:
+    """`apply`'s signature and the names of the parameters `cast` selects; unknown names or positions raise."""
+    if isinstance(cast, (str, int)):
+        raise TypeError(f"with_policy: cast must be a collection of argument names or positions, e.g. ({cast!r},)")
+    try:
+        signature = inspect.signature(apply)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"with_policy(cast=...) needs {apply!r}'s signature to find the arguments: {e}") from None
+    names = [n for n, p in signature.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    selected, unknown = set(), []
+    for item in cast:
+        if isinstance(item, int) and not isinstance(item, bool) and -len(names) <= item < len(names):
+            selected.add(names[item])
+        elif isinstance(item, str) and item in names:
+            selected.add(item)
+        else:
+            unknown.append(item)
+    if unknown:
+        name = getattr(apply, "__name__", type(apply).__name__)
+        raise ValueError(f"with_policy: cast names {unknown}, which are not parameters of {name} (those are {names})")
+    return signature, selected
 
 
 def _has_arrays(x: Any) -> bool:

@@ -7,8 +7,9 @@ that does not depend on what else exists:
     keys = named_keys(key, "wte", "wpe", "blocks", "ln_f")
     params = {"wte": embedding.init(keys["wte"], ...), ...}
 
-The number folded in is the CRC-32 of the UTF-8 name (stable across Python runs and versions, unlike
-`hash`). Repeated identical blocks get `jax.random.fold_in(key, index)` (see `purejax.nn.stack`).
+The number folded in is the low 31 bits of the CRC-32 of the UTF-8 name (stable across Python runs and
+versions, unlike `hash`; 31 bits keep it a non-negative int32).
+Repeated identical blocks get `jax.random.fold_in(key, index)` (see `purejax.nn.stack`).
 """
 
 import zlib

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import struct
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,8 +46,14 @@ DTYPES: dict[str, np.dtype] = {
     "BF16": np.dtype(ml_dtypes.bfloat16),
     "F32": np.dtype("<f4"),
     "F64": np.dtype("<f8"),
+    # The format's float8 names: E4M3 is OCP's E4M3FN (no infinities); the FNUZ variants (AMD's and Graphcore's:
+    # no infinities, no negative zero, one NaN) and E8M0 (the exponent-only scale of the OCP MX formats) are
+    # distinct types with other bit meanings, so each has its own name. ml_dtypes has had all five since 0.5.
     "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
     "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "F8_E4M3FNUZ": np.dtype(ml_dtypes.float8_e4m3fnuz),
+    "F8_E5M2FNUZ": np.dtype(ml_dtypes.float8_e5m2fnuz),
+    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
     "C64": np.dtype("<c8"),
 }
 _NAMES = {dtype: name for name, dtype in DTYPES.items()}
@@ -162,12 +169,13 @@ class _DuplicateKey(ValueError):
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """json object hook: a name given twice is ambiguous (which tensor is it?), so it is an error."""
-    keys = [k for k, _ in pairs]
-    repeated = sorted({k for k in keys if keys.count(k) > 1})
-    if repeated:
+    """json object hook: a name given twice is ambiguous (which tensor is it?), so it is an error. Linear in the
+    number of names: a header may list tens of thousands of tensors."""
+    out = dict(pairs)
+    if len(out) < len(pairs):
+        repeated = sorted(k for k, n in Counter(k for k, _ in pairs).items() if n > 1)
         raise _DuplicateKey(f"repeated names {repeated}")
-    return dict(pairs)
+    return out
 
 
 def _is_count(x: Any) -> bool:

@@ -65,7 +65,7 @@ def sample(
 
 def check_args(*, temperature=1.0, top_k=None, top_p=None) -> None:
     """Raise ValueError for a negative temperature, a top_k below 1 or a top_p outside (0, 1]. Values traced
-    under jit cannot be checked; call this outside jit first (as `models.gpt.generate` does)."""
+    under jit cannot be checked; call this outside jit first (as `purejax.models.gpt_decode.generate` does)."""
     if _is_concrete(temperature) and not float(temperature) >= 0.0:  # `not >=` also rejects NaN
         raise ValueError(f"sample: temperature must be >= 0 (0 is greedy decoding), got {temperature}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):

@@ -12,7 +12,10 @@
     restored = manager.restore(like=state)                               # newest valid one, or None
 
 The file format (msgpack, readable without purejax) is specified in docs/checkpoint-format.md; the user
-guide is docs/checkpoint.md.
+guide is docs/checkpoint.md. Files, one idea each: `format` (the byte layout, the limits, CheckpointError),
+`header` (the header map, built and checked), `nodes` (the tree's node kinds), `sequential` (the reference
+I/O: one thread, front to back), `fast_write` and `fast_read` (the same bytes, with threads), `crc`
+(joining CRC-32s), `write` (`save`), `read` (`restore`, `read_metadata`), `manager` (a directory of them).
 """
 
 from purejax.checkpoint.format import (

@@ -9,13 +9,12 @@ A checkpoint is a sequence of msgpack objects (docs/checkpoint-format.md is the 
 The preamble has a fixed size so a reader can check the header's length against `MAX_HEADER_BYTES` before
 reading it: a hostile or corrupt file cannot make a reader allocate unbounded memory. Every record is a
 bin 32 even when it is short, so each leaf's file offset follows from the manifest alone, which is what lets
-a partial restore seek straight to the leaves it wants.
+a partial restore seek straight to the leaves it wants. The header map itself is built and checked in
+header.py; the node kinds of the tree are in nodes.py.
 """
 
-import dataclasses
-import math
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,11 @@ DEFAULT_CHUNK_BYTES = 256 * 2**20
 # msgpack-python's streaming Unpacker holds at most 2 GiB - 1 in its buffer (its `max_buffer_size=0`), so
 # every record must stay below that for a stock reader; 1 GiB leaves a wide margin.
 MAX_CHUNK_BYTES = 2**30
+# Fixed limits a reader checks before it allocates or multiplies anything a file claims. MAX_NDIM is numpy's
+# own (2.x); MAX_DEPTH, nested containers in a tree, keeps every recursive walk of a tree (here, in jax and in
+# msgpack, whose encoder stops at 511 levels, two per tree level) far from Python's recursion limit.
+MAX_NDIM = 64
+MAX_DEPTH = 100
 
 # Every dtype jax can hold, by numpy name. The sub-byte types (int1, int2, int4, their unsigned versions,
 # float4_e2m1fn and the float6 types) are stored as ml_dtypes holds them in memory: one element per byte, the
@@ -58,10 +62,16 @@ DTYPES: dict[str, np.dtype] = {
     for name in _DTYPE_NAMES
     if hasattr(ml_dtypes, name) or hasattr(np, name)  # a newer name than this ml_dtypes knows is left out
 }
+# The dtypes that use only the low bits of their byte: a reader refuses a byte with any higher bit set (a bool
+# of 2, an int4 of 0xf7), which numpy and ml_dtypes would otherwise read as some value or other.
+_VALUE_BITS = {"bool": 1, "int1": 1, "uint1": 1, "int2": 2, "uint2": 2, "int4": 4, "uint4": 4, "float4_e2m1fn": 4,
+               "float6_e2m3fn": 6, "float6_e3m2fn": 6}  # fmt: skip
+VALUE_BITS: dict[str, int] = {name: bits for name, bits in _VALUE_BITS.items() if name in DTYPES}
 
 
 class CheckpointError(Exception):
-    """A checkpoint file cannot be read: not a checkpoint, an unsupported version, truncated or corrupt.
+    """A checkpoint file cannot be read: not a checkpoint, an unsupported version, truncated or corrupt, not
+    a regular file, or unreadable (no permission, an I/O error); or a `CheckpointManager` has no such step.
 
     `path` is the file; `leaf` the dotted path of the damaged leaf, or None when the damage is in the
     preamble or the header; `problem` says what is wrong.
@@ -81,10 +91,15 @@ def dtype_name(dtype: Any) -> str:
     return name
 
 
-def chunk_sizes(nbytes: int, chunk_bytes: int) -> list[int]:
-    """The payload lengths of a leaf's records: full chunks, then the remainder; none for an empty leaf."""
-    full, rest = divmod(nbytes, chunk_bytes)
-    return [chunk_bytes] * full + ([rest] if rest else [])
+def n_records(nbytes: int, chunk_bytes: int) -> int:
+    """How many records a leaf of `nbytes` is stored in: full chunks, then the remainder; none if empty."""
+    return -(-nbytes // chunk_bytes)
+
+
+def records(nbytes: int, chunk_bytes: int) -> Iterator[tuple[int, int]]:
+    """`(start, size)` of each record's payload within a leaf's bytes, in order."""
+    for start in range(0, nbytes, chunk_bytes):
+        yield start, min(chunk_bytes, nbytes - start)
 
 
 def pack_preamble(header_nbytes: int, header_crc32: int) -> bytes:
@@ -140,6 +155,10 @@ class LeafInfo:
     def size_in_file(self) -> int:
         return self.nbytes + RECORD_PREFIX_SIZE * len(self.crc32)
 
+    def record_offset(self, record: int, chunk_bytes: int) -> int:
+        """The file offset of record `record`'s prefix (every record before it is a full chunk)."""
+        return self.offset + record * (RECORD_PREFIX_SIZE + chunk_bytes)
+
 
 @dataclass(frozen=True)
 class CheckpointInfo:
@@ -151,7 +170,7 @@ class CheckpointInfo:
     created: str  # ISO 8601, UTC
     step: int | None
     config: Any
-    metadata: dict[str, Any]
+    metadata: dict[str | int, Any]
     chunk_bytes: int
     tree: dict[str, Any]  # the node kinds, see purejax/checkpoint/nodes.py
     leaves: tuple[LeafInfo, ...]  # in file order
@@ -162,102 +181,3 @@ class CheckpointInfo:
         return {leaf.path: leaf for leaf in self.leaves}
 
 
-def header_dict(
-    *, purejax_version: str, created: str, step: int | None, config: Any, metadata: dict[str, Any],
-    chunk_bytes: int, tree: dict[str, Any], leaves: list[dict[str, Any]],
-) -> dict[str, Any]:  # fmt: skip
-    """The header map in the key order the specification lists. Each entry of `leaves` is a map with
-    "path", "dtype", "shape", "nbytes", "crc32" (4 bytes per chunk, little-endian uint32) and "key_impl"."""
-    return {
-        "purejax_version": purejax_version,
-        "created": created,
-        "step": step,
-        "config": config,
-        "metadata": metadata,
-        "byte_order": BYTE_ORDER,
-        "chunk_bytes": chunk_bytes,
-        "tree": tree,
-        "leaves": leaves,
-    }
-
-
-def parse_header(header: Any, path: Path, data_offset: int) -> CheckpointInfo:
-    """Validate a decoded header map and compute each leaf's offset; CheckpointError naming what is wrong.
-
-    A reader trusts nothing it has not checked here: every length is recomputed from dtype and shape, so a
-    corrupt header cannot make it allocate more than the file holds (the file's size is checked against
-    `CheckpointInfo.size` before any array is allocated)."""
-
-    def fail(problem: str, leaf: str | None = None):
-        raise CheckpointError(path, f"invalid header: {problem}", leaf=leaf)
-
-    if not isinstance(header, dict):
-        fail(f"expected a map, got {type(header).__name__}")
-    for key, kinds in [("purejax_version", str), ("created", str), ("step", (int, type(None))), ("metadata", dict),
-                       ("byte_order", str), ("chunk_bytes", int), ("tree", dict), ("leaves", list)]:  # fmt: skip
-        if not isinstance(header.get(key), kinds) or isinstance(header.get(key), bool):
-            fail(f"field {key!r} is missing or has the wrong type ({type(header.get(key)).__name__})")
-    if header["byte_order"] != BYTE_ORDER:
-        fail(f"byte_order is {header['byte_order']!r}; version {VERSION} files are {BYTE_ORDER!r}")
-    chunk_bytes = header["chunk_bytes"]
-    if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
-        fail(f"chunk_bytes {chunk_bytes} is outside 1..{MAX_CHUNK_BYTES}")
-    leaves, offset = [], data_offset
-    for i, entry in enumerate(header["leaves"]):
-        leaf = _parse_leaf(entry, i, chunk_bytes, offset, fail)
-        leaves.append(leaf)
-        offset += leaf.size_in_file
-    return CheckpointInfo(
-        path=path, version=VERSION, purejax_version=header["purejax_version"], created=header["created"],
-        step=header["step"], config=header.get("config"), metadata=header["metadata"], chunk_bytes=chunk_bytes,
-        tree=header["tree"], leaves=tuple(leaves), size=offset,
-    )  # fmt: skip
-
-
-def _parse_leaf(entry: Any, i: int, chunk_bytes: int, offset: int, fail) -> LeafInfo:
-    if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
-        fail(f"manifest entry {i} is not a map with a string 'path'")
-    name = entry["path"]
-    dtype, shape, nbytes, crc, impl = (entry.get(k) for k in ("dtype", "shape", "nbytes", "crc32", "key_impl"))
-    if dtype not in DTYPES:
-        fail(f"unknown dtype {dtype!r}", name)
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        fail(f"shape {shape!r} is not a list of non-negative integers", name)
-    if type(nbytes) is not int or nbytes != math.prod(shape) * DTYPES[dtype].itemsize:  # not 24.0, not True
-        fail(f"nbytes {nbytes!r} does not equal {dtype}{shape}'s {math.prod(shape) * DTYPES[dtype].itemsize}", name)
-    n_chunks = len(chunk_sizes(nbytes, chunk_bytes))
-    if not isinstance(crc, bytes) or len(crc) != 4 * n_chunks:
-        fail(f"crc32 must be {4 * n_chunks} bytes (4 per chunk), got {type(crc).__name__}", name)
-    if impl is not None and not isinstance(impl, str):
-        fail(f"key_impl {impl!r} is not a string", name)
-    crcs = tuple(int(c) for c in np.frombuffer(crc, "<u4"))
-    return LeafInfo(name, dtype, tuple(shape), nbytes, crcs, impl, offset)
-
-
-def plain(value: Any, where: str) -> Any:
-    """`value` as plain msgpack data for the header's config and metadata: None, bool, int, float, str,
-    bytes, lists and str- or int-keyed maps. Tuples become lists, dataclasses maps of their fields, numpy
-    scalars Python numbers, dtypes their names; anything else is a TypeError naming `where` it is."""
-    if value is None or isinstance(value, (bool, float, str, bytes)):
-        return value
-    if isinstance(value, int):
-        if not -(2**63) <= value < 2**64:
-            raise TypeError(f"{where} = {value} does not fit in 64 bits; store it as a string")
-        return value
-    if isinstance(value, np.generic) or (hasattr(value, "item") and getattr(value, "shape", None) == ()):
-        return plain(value.item(), where)  # numpy scalars, 0-d numpy and jax arrays: float(loss) for you
-    if isinstance(value, np.dtype) or (isinstance(value, type) and hasattr(value, "dtype")):
-        return np.dtype(value).name
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: plain(getattr(value, f.name), f"{where}.{f.name}") for f in dataclasses.fields(value)}
-    if isinstance(value, Mapping):
-        bad = [k for k in value if not isinstance(k, (str, int)) or isinstance(k, bool)]
-        if bad:
-            raise TypeError(f"{where} has the key {bad[0]!r}; header maps take str or int keys")
-        return {k: plain(v, f"{where}.{k}") for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v, f"{where}.{i}") for i, v in enumerate(value)]
-    raise TypeError(
-        f"{where} is a {type(value).__name__}, which a checkpoint header cannot hold: use None, bool, int, "
-        "float, str, bytes, lists and dicts (or a dataclass of them); put arrays in the tree instead"
-    )

@@ -24,252 +24,78 @@ Blocks run under `lax.scan` (`purejax.nn.stack`) or, with `layers="loop"`, as a 
 MicroDiT ("Stretching Each Dollar"): the patch-mixer sees every token, so information from patches that are
 then dropped still reaches the kept ones; the backbone runs on the kept tokens only, which is where the
 training compute is saved, and the loss is taken on the kept patches (`apply_masked` returns which pixels
-they cover). With mask_ratio 0 (fine-tuning, sampling) `apply_masked` is `apply`. Optional mixture-of-experts
-MLPs (`n_experts > 0`) replace the backbone's MLPs with token-choice top-k routing; see `moe_apply`.
+they cover). With mask_ratio 0 (fine-tuning, sampling) `apply_masked` is `apply`.
+
+Beside this page: the sizes and their checks (`dit_config`: `DiTConfig`, `preset`, both also reachable as
+`dit.DiTConfig` and `dit.preset`), the parameter-free input features (`dit_embeddings`), the mixture-of-experts
+MLP that `n_experts > 0` puts in the backbone (`dit_moe`), and diffusers' DiT checkpoints (`dit_diffusers`).
 """
 
-import math
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, ArrayLike, Bool, Float, Int, Integer, PRNGKeyArray, Real, Shaped
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, Integer, PRNGKeyArray, Real
 
 from purejax import random as prandom
-from purejax.nn import activations, attention, embedding, initializers, layer_norm, linear, mlp, stack
-from purejax.nn import check_keys
+from purejax.models import dit_moe
+from purejax.models.dit_config import NORM_EPS, DiTConfig, preset  # noqa: F401 - re-exported: dit.preset
+from purejax.models.dit_embeddings import patchify, sincos_2d, timestep_embedding, unpatchify
+from purejax.nn import activations, attention, check_keys, embedding, initializers, layer_norm, linear, mlp, stack
 
 Params = dict[str, Any]
-
-# (n_layer, d_model, n_head) of DiT's table 1, plus two sizes small enough to train on a CPU.
-SIZES = {"S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16),
-         "Ti": (4, 128, 4), "Nano": (2, 64, 2)}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class DiTConfig:
-    """Static description of a DiT; frozen and hashable, so it can be a static argument to jax.jit.
-
-    Arguments:
-        input_size: height and width of the (square) input, in pixels or latent cells (DiT: 32, a 256x256
-            image through Stable Diffusion's VAE).
-        patch_size: side of a patch; seq = (input_size // patch_size) ** 2 tokens.
-        in_channels: channels of the input (DiT: 4 latent channels).
-        d_model, n_layer, n_head: width, depth and attention heads of the backbone.
-        mlp_ratio: the MLP's hidden width is d_model * mlp_ratio.
-        n_classes: class labels 0..n_classes-1; id n_classes is the null class ("no label"), the
-            unconditional input of classifier-free guidance.
-        learn_sigma: output 2 * in_channels channels, the second half the variance (DiT's learned sigma for
-            DDPM); False for flow matching, which predicts a velocity only.
-        time_scale: t is multiplied by this before its embedding. 1 for DDPM's integer steps 0..999; 1000
-            for rectified flow's t in [0, 1] (SD3 does the same), so the frequencies see the same range.
-        freq_shift: the timestep embedding's frequencies are exp(-ln(max_period) * i / (half - freq_shift)):
-            0 is DiT's original (`TimestepEmbedder`), 1 is diffusers' (`downscale_freq_shift=1`).
-        freq_dim, max_period: size and longest period of the sinusoidal timestep features (DiT: 256, 10000).
-        n_mixer: MicroDiT's patch-mixer depth: blocks run over all tokens before masking; 0: plain DiT.
-        n_experts, top_k: mixture-of-experts MLPs in the backbone blocks (0: dense MLPs); each token goes to
-            its top_k experts.
-        layers: "scan" (compile time flat in depth) or "loop" (unrolled); the same maths.
-    """
-
-    input_size: int = 32
-    patch_size: int = 2
-    in_channels: int = 4
-    d_model: int = 1152
-    n_layer: int = 28
-    n_head: int = 16
-    mlp_ratio: float = 4.0
-    n_classes: int = 1000
-    learn_sigma: bool = True
-    time_scale: float = 1.0
-    freq_shift: float = 0.0
-    freq_dim: int = 256
-    max_period: float = 10000.0
-    n_mixer: int = 0
-    n_experts: int = 0
-    top_k: int = 2
-    layers: Literal["scan", "loop"] = "scan"
-
-    def __post_init__(self):
-        for name in ("input_size", "patch_size", "in_channels", "d_model", "n_layer", "n_head", "n_classes",
-                     "freq_dim", "top_k"):  # fmt: skip
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"DiTConfig: {name} must be a positive int, got {value!r}")
-        if self.input_size % self.patch_size:
-            raise ValueError(f"DiTConfig: input_size={self.input_size} is not divisible by patch_size={self.patch_size}")
-        if self.d_model % 4:
-            raise ValueError(f"DiTConfig: d_model={self.d_model} must be divisible by 4 (2-D sin-cos positions: "
-                             f"a sine and a cosine per axis)")  # fmt: skip
-        if self.freq_dim < 4 or not 0 <= self.freq_shift < self.freq_dim // 2:
-            raise ValueError(f"DiTConfig: need freq_dim >= 4 and 0 <= freq_shift < freq_dim // 2, got "
-                             f"freq_dim={self.freq_dim}, freq_shift={self.freq_shift}")  # fmt: skip
-        if self.n_mixer < 0 or self.n_experts < 0 or self.n_experts == 1:
-            raise ValueError(f"DiTConfig: n_mixer must be >= 0 and n_experts 0 or >= 2, got {self.n_mixer}, {self.n_experts}")
-        if self.n_experts and self.top_k > self.n_experts:
-            raise ValueError(f"DiTConfig: top_k={self.top_k} is more than n_experts={self.n_experts}")
-        if self.mlp_ratio <= 0 or self.time_scale <= 0:
-            raise ValueError(f"DiTConfig: mlp_ratio and time_scale must be positive, got {self.mlp_ratio}, {self.time_scale}")
-        if self.layers not in ("scan", "loop"):
-            raise ValueError(f"DiTConfig: layers must be 'scan' or 'loop', got {self.layers!r}")
-        self.attention  # noqa: B018 - builds the AttentionConfig, so a bad n_head fails here
-
-    @property
-    def attention(self) -> attention.AttentionConfig:
-        return attention.AttentionConfig(d_model=self.d_model, n_head=self.n_head, bias=True, causal=False)
-
-    @property
-    def grid(self) -> int:
-        return self.input_size // self.patch_size
-
-    @property
-    def seq(self) -> int:
-        return self.grid**2
-
-    @property
-    def out_channels(self) -> int:
-        return 2 * self.in_channels if self.learn_sigma else self.in_channels
-
-    @property
-    def d_hidden(self) -> int:
-        return int(self.d_model * self.mlp_ratio)
-
-    @property
-    def null_class(self) -> int:
-        return self.n_classes
-
-
-def preset(name: str, **overrides: Any) -> DiTConfig:
-    """A named size with its patch: "XL/2" is DiT-XL/2 (28 layers, 1152 wide, 16 heads, patch 2); "S/8",
-    "B/4", "L/2", and the CPU sizes "Ti/2" and "Nano/2". `overrides` set any other field."""
-    size, _, patch = name.partition("/")
-    if size not in SIZES or patch not in ("1", "2", "4", "8"):
-        raise ValueError(f"dit.preset: unknown name {name!r}; use <size>/<patch> with size in {sorted(SIZES)} "
-                         f"and patch 1, 2, 4 or 8, e.g. 'XL/2'")  # fmt: skip
-    n_layer, d_model, n_head = SIZES[size]
-    return DiTConfig(n_layer=n_layer, d_model=d_model, n_head=n_head, patch_size=int(patch), **overrides)
-
-
-# ---------------------------------------------------------------- embeddings
-
-
-def patchify(x: Shaped[Array, "batch height width channels"], patch: int) -> Shaped[Array, "batch seq patch_dim"]:
-    """Non-overlapping patch x patch squares, row-major over the grid, each flattened in (row, column,
-    channel) order: the same as a stride-`patch` convolution whose HWIO kernel is reshaped to (patch_dim, d)."""
-    b, h, w, c = x.shape
-    x = x.reshape(b, h // patch, patch, w // patch, patch, c).transpose(0, 1, 3, 2, 4, 5)
-    return x.reshape(b, (h // patch) * (w // patch), patch * patch * c)
-
-
-def unpatchify(tokens: Shaped[Array, "batch seq patch_dim"], patch: int, channels: int) -> Shaped[Array, "batch height width channels"]:
-    """The inverse of `patchify` for a square grid (DiT's `unpatchify`)."""
-    b, seq, _ = tokens.shape
-    grid = math.isqrt(seq)
-    x = tokens.reshape(b, grid, grid, patch, patch, channels).transpose(0, 1, 3, 2, 4, 5)
-    return x.reshape(b, grid * patch, grid * patch, channels)
-
-
-def sincos_1d(d: int, positions: Real[ArrayLike, " n"]) -> Float[Array, "n d"]:
-    """[sin(p * w_i), cos(p * w_i)] with w_i = 10000^(-i / (d/2)), i < d/2 (MAE's and DiT's 1-D table)."""
-    omega = 1.0 / 10000.0 ** (jnp.arange(d // 2, dtype=jnp.float32) / (d // 2))
-    angles = jnp.asarray(positions, jnp.float32)[:, None] * omega
-    return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
-
-
-def sincos_2d(d: int, grid: int) -> Float[Array, "seq d"]:
-    """Fixed 2-D positions for a row-major grid x grid of tokens: the first d/2 features encode the column,
-    the last d/2 the row. (DiT's `get_2d_sincos_pos_embed` builds `meshgrid(w, h)`, so its half named "h"
-    is the column; this matches it, so DiT checkpoints see the positions they were trained with.)"""
-    rows, cols = jnp.divmod(jnp.arange(grid * grid), grid)
-    return jnp.concatenate([sincos_1d(d // 2, cols), sincos_1d(d // 2, rows)], axis=-1)
-
-
-def timestep_embedding(
-    t: Real[ArrayLike, " batch"], dim: int, *, max_period: float = 10000.0, freq_shift: float = 0.0
-) -> Float[Array, "batch dim"]:
-    """[cos(t * f_i), sin(t * f_i)], f_i = exp(-ln(max_period) * i / (half - freq_shift)), i < half = dim // 2,
-    float32; an odd dim gets a zero last column. freq_shift 0 is DiT's convention, 1 diffusers' (whose
-    `flip_sin_to_cos=True` also puts the cosines first)."""
-    half = dim // 2
-    freqs = jnp.exp(-math.log(max_period) * jnp.arange(half, dtype=jnp.float32) / (half - freq_shift))
-    angles = jnp.asarray(t, jnp.float32)[:, None] * freqs
-    emb = jnp.concatenate([jnp.cos(angles), jnp.sin(angles)], axis=-1)
-    return jnp.pad(emb, ((0, 0), (0, dim % 2)))
 
 
 # ---------------------------------------------------------------- blocks
 
 
-def modulate(x: Float[Array, "batch seq d"], shift: Float[Array, "batch d"], scale: Float[Array, "batch d"]) -> Float[Array, "batch seq d"]:
+def modulate(
+    x: Float[Array, "batch seq d"], shift: Float[Array, "batch d"], scale: Float[Array, "batch d"]
+) -> Float[Array, "batch seq d"]:
     """adaLN: x * (1 + scale) + shift, per sample (scale 0 is the identity, hence the 1 +)."""
     return x * (1 + scale[:, None]) + shift[:, None]
 
 
-def norm(x: Float[Array, "batch seq d"]) -> Float[Array, "batch seq d"]:
-    """LayerNorm without parameters, eps 1e-6 (DiT's `elementwise_affine=False`): adaLN supplies scale and shift."""
-    return layer_norm.apply({"scale": jnp.ones(x.shape[-1], x.dtype)}, x, eps=1e-6)
+def norm(x: Float[Array, "batch seq d"], *, eps: float = NORM_EPS) -> Float[Array, "batch seq d"]:
+    """LayerNorm without parameters (DiT's `elementwise_affine=False`): adaLN supplies scale and shift."""
+    return layer_norm.apply({"scale": jnp.ones(x.shape[-1], x.dtype)}, x, eps=eps)
 
 
-def block_init(key: PRNGKeyArray, config: DiTConfig, moe: bool = False) -> Params:
+def block_init(key: PRNGKeyArray, config: DiTConfig, *, moe: bool = False) -> Params:
     """One adaLN-Zero block: xavier-uniform linears (DiT's `initialize_weights`), zero modulation."""
     keys = prandom.named_keys(key, "adaln", "attn", "mlp")
     d, xavier = config.d_model, initializers.xavier_uniform()
     params = {
-        "adaln": linear.init(keys["adaln"], d, 6 * d, w_init=initializers.zeros),
+        "adaln": linear.init(keys["adaln"], d, 6 * d, w_init=initializers.zeros()),
         "attn": attention.init(keys["attn"], config.attention, w_init=xavier),
     }
     if moe:
-        params["moe"] = moe_init(keys["mlp"], d, config.d_hidden, config.n_experts)
+        params["moe"] = dit_moe.init(keys["mlp"], d, config.d_ff, config.n_experts)
     else:
-        params["mlp"] = mlp.init(keys["mlp"], d, config.d_hidden, w_init=xavier)
+        params["mlp"] = mlp.init(keys["mlp"], d, config.d_ff, w_init=xavier)
     return params
 
 
-def block(params: Params, x: Float[Array, "batch seq d_model"], c: Float[Array, "batch d_model"], config: DiTConfig) -> Float[Array, "batch seq d_model"]:
+def block(
+    params: Params, x: Float[Array, "batch seq d_model"], c: Float[Array, "batch d_model"], config: DiTConfig
+) -> Float[Array, "batch seq d_model"]:
     """x + gate_msa * attn(modulate(norm(x))), then x + gate_mlp * mlp(modulate(norm(x))), DiT's order of the
     six modulation vectors."""
     mod = linear.apply(params["adaln"], jax.nn.silu(c))
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = jnp.split(mod, 6, axis=-1)
     h = modulate(norm(x), shift_msa, scale_msa)
     x = x + gate_msa[:, None] * attention.apply(params["attn"], h, config.attention)
-    h = modulate(norm(x), shift_mlp, scale_mlp)
+    h = modulate(norm(x, eps=config.mlp_norm_eps), shift_mlp, scale_mlp)
     if "moe" in params:
-        h = moe_apply(params["moe"], h, config.top_k)
+        h = dit_moe.apply(params["moe"], h, top_k=config.top_k)
     else:
         h = mlp.apply(params["mlp"], h, activation=activations.gelu_tanh)  # DiT: GELU(approximate="tanh")
     return x + gate_mlp[:, None] * h
 
 
-def moe_init(key: PRNGKeyArray, d: int, d_hidden: int, n_experts: int) -> Params:
-    """A router (d -> n_experts, small normal weights N(0, 0.02^2): near-uniform routing at the start, but not
-    all tokens tied on the same experts, as zeros would make them) and n_experts MLPs stacked on a leading
-    expert axis."""
-    keys, xavier = prandom.named_keys(key, "router", "experts"), initializers.xavier_uniform()
-    return {
-        "router": linear.init(keys["router"], d, n_experts, bias=False, w_init=initializers.normal(0.02)),
-        "experts": stack.init(keys["experts"], n_experts, lambda k: mlp.init(k, d, d_hidden, w_init=xavier)),
-    }
-
-
-def moe_apply(params: Params, x: Float[Array, "batch seq d"], top_k: int) -> Float[Array, "batch seq d"]:
-    """Token-choice top-k mixture of experts: sum over each token's top_k experts of gate * expert(x), gates
-    the router's softmax renormalised over the chosen experts (Shazeer et al. 2017; Mixtral). With top_k=1
-    the gate is the chosen expert's softmax probability itself (Switch Transformer): renormalised it would
-    always be 1, and the router would get no gradient.
-
-    Every expert runs on every token and the unchosen outputs get weight 0: exact, simple, and cheap for the
-    few experts of a small model; it is not the dispatch a large MoE needs. MicroDiT itself uses
-    expert-choice routing in every other block; no load-balancing loss is applied here."""
-    logits = linear.apply(params["router"], x).astype(jnp.float32)
-    top, chosen = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), top_k)
-    gates = top if top_k == 1 else top / jnp.sum(top, axis=-1, keepdims=True)
-    weights = jnp.sum(jax.nn.one_hot(chosen, logits.shape[-1]) * gates[..., None], axis=-2)  # (batch, seq, E)
-    outs = jax.vmap(lambda p: mlp.apply(p, x, activation=activations.gelu_tanh))(params["experts"])
-    return jnp.einsum("bse,ebsd->bsd", weights.astype(x.dtype), outs)
-
-
-def run_blocks(blocks: Params, x: Float[Array, "batch seq d_model"], c: Float[Array, "batch d_model"], config: DiTConfig) -> Float[Array, "batch seq d_model"]:
+def run_blocks(
+    blocks: Params, x: Float[Array, "batch seq d_model"], c: Float[Array, "batch d_model"], config: DiTConfig
+) -> Float[Array, "batch seq d_model"]:
     """The stacked blocks, under scan or as a loop (`config.layers`)."""
     step = lambda p, x: block(p, x, c, config)  # noqa: E731
     if config.layers == "scan":
@@ -285,15 +111,16 @@ def init(key: PRNGKeyArray, config: DiTConfig) -> Params:
     timestep MLP, zero adaLN modulation everywhere and a zero final projection (adaLN-Zero)."""
     keys = prandom.named_keys(key, "patch", "t_mlp", "classes", "mixer", "blocks", "final")
     final_keys = prandom.named_keys(keys["final"], "adaln", "proj")
-    d, p = config.d_model, config.patch_size
+    d, p, zeros, small = config.d_model, config.patch_size, initializers.zeros(), initializers.normal(0.02)
+    backbone_block = lambda k: block_init(k, config, moe=config.n_experts > 0)  # noqa: E731
     params = {
         "patch": linear.init(keys["patch"], p * p * config.in_channels, d, w_init=initializers.xavier_uniform()),
-        "t_mlp": mlp.init(keys["t_mlp"], config.freq_dim, d, d, w_init=initializers.normal(0.02)),
-        "classes": embedding.init(keys["classes"], config.n_classes + 1, d, w_init=initializers.normal(0.02)),
-        "blocks": stack.init(keys["blocks"], config.n_layer, lambda k: block_init(k, config, moe=config.n_experts > 0)),
+        "t_mlp": mlp.init(keys["t_mlp"], config.freq_dim, d, d, w_init=small),
+        "classes": embedding.init(keys["classes"], config.n_classes + 1, d, w_init=small),
+        "blocks": stack.init(keys["blocks"], config.n_layer, backbone_block),
         "final": {
-            "adaln": linear.init(final_keys["adaln"], d, 2 * d, w_init=initializers.zeros),
-            "proj": linear.init(final_keys["proj"], d, p * p * config.out_channels, w_init=initializers.zeros),
+            "adaln": linear.init(final_keys["adaln"], d, 2 * d, w_init=zeros),
+            "proj": linear.init(final_keys["proj"], d, p * p * config.out_channels, w_init=zeros),
         },
     }
     if config.n_mixer:
@@ -301,7 +128,9 @@ def init(key: PRNGKeyArray, config: DiTConfig) -> Params:
     return params
 
 
-def condition(params: Params, t: Real[ArrayLike, " batch"], y: Integer[ArrayLike, " batch"], config: DiTConfig) -> Float[Array, "batch d_model"]:
+def condition(
+    params: Params, t: Real[ArrayLike, " batch"], y: Integer[ArrayLike, " batch"], config: DiTConfig
+) -> Float[Array, "batch d_model"]:
     """c = mlp(sinusoidal(time_scale * t)) + class_table[y]; y == n_classes is the null class."""
     freqs = timestep_embedding(config.time_scale * jnp.asarray(t), config.freq_dim, max_period=config.max_period,
                                freq_shift=config.freq_shift)  # fmt: skip
@@ -310,16 +139,20 @@ def condition(params: Params, t: Real[ArrayLike, " batch"], y: Integer[ArrayLike
     return t_emb + embedding.apply(params["classes"], y)
 
 
-def final_layer(params: Params, x: Float[Array, "batch seq d_model"], c: Float[Array, "batch d_model"]) -> Float[Array, "batch seq patch_dim"]:
-    """modulate(norm(x), shift, scale) with (shift, scale) regressed from c, then the linear to patch pixels."""
-    shift, scale = jnp.split(linear.apply(params["adaln"], jax.nn.silu(c)), 2, axis=-1)
-    return linear.apply(params["proj"], modulate(norm(x), shift, scale))
-
-
-def embed(params: Params, x: Float[Array, "batch height width channels"], config: DiTConfig) -> Float[Array, "batch seq d_model"]:
+def embed(
+    params: Params, x: Float[Array, "batch height width channels"], config: DiTConfig
+) -> Float[Array, "batch seq d_model"]:
     """Patches, projected, plus the fixed positions."""
     tokens = linear.apply(params["patch"], patchify(x, config.patch_size))
     return tokens + sincos_2d(config.d_model, config.grid).astype(tokens.dtype)
+
+
+def final_layer(
+    params: Params, x: Float[Array, "batch seq d_model"], c: Float[Array, "batch d_model"]
+) -> Float[Array, "batch seq patch_dim"]:
+    """modulate(norm(x), shift, scale) with (shift, scale) regressed from c, then the linear to patch pixels."""
+    shift, scale = jnp.split(linear.apply(params["adaln"], jax.nn.silu(c)), 2, axis=-1)
+    return linear.apply(params["proj"], modulate(norm(x), shift, scale))
 
 
 def mixed_tokens(
@@ -346,7 +179,7 @@ def apply(
     config: DiTConfig,
 ) -> Float[Array, "batch height width out_channels"]:
     """The model's output for noisy input `x` at times `t` with labels `y` (n_classes: unconditional):
-    DiT's forward, every token through every block."""
+    DiT's forward, every token through every block. Deterministic: DiT has no dropout, so no key."""
     tokens, c = mixed_tokens(params, x, t, y, config)
     tokens = run_blocks(params["blocks"], tokens, c, config)
     return unpatchify(final_layer(params["final"], tokens, c), config.patch_size, config.out_channels)
@@ -359,8 +192,8 @@ def apply_masked(
     y: Integer[ArrayLike, " batch"],
     config: DiTConfig,
     *,
-    key: PRNGKeyArray,
     mask_ratio: float,
+    key: PRNGKeyArray,
 ) -> tuple[Float[Array, "batch height width out_channels"], Bool[Array, "batch height width 1"]]:
     """MicroDiT's deferred masking: the patch-mixer sees every token, then each sample keeps a random
     seq - round(mask_ratio * seq) of them (drawn with `key`) for the backbone and the final layer.
@@ -390,13 +223,16 @@ def keep_ids(key: PRNGKeyArray, batch: int, seq: int, n_keep: int) -> Int[Array,
     return jnp.sort(order[:, :n_keep], axis=1)
 
 
-def velocity(params: Params, z: Float[Array, "batch height width channels"], t: Float[Array, " batch"], y: Integer[Array, " batch"], config: DiTConfig) -> Float[Array, "batch height width channels"]:
+def velocity(
+    params: Params,
+    z: Float[ArrayLike, "batch height width channels"],
+    t: Real[ArrayLike, " batch"],
+    y: Integer[ArrayLike, " batch"],
+    config: DiTConfig,
+) -> Float[Array, "batch height width channels"]:
     """The first in_channels output channels: the prediction (a velocity for flow matching; with learned
     sigma the rest is the variance, which a flow sampler does not use)."""
     return apply(params, z, t, y, config)[..., : config.in_channels]
-
-
-# ---------------------------------------------------------------- checks
 
 
 def _check_inputs(params: Params, x: Any, t: Any, y: Any, config: DiTConfig) -> tuple[Array, Array, Array]:
@@ -412,7 +248,8 @@ def _check_inputs(params: Params, x: Any, t: Any, y: Any, config: DiTConfig) -> 
         if a.shape != (x.shape[0],):
             raise ValueError(f"dit: {name} has shape {a.shape}, expected ({x.shape[0]},): one per image")
     if not jnp.issubdtype(y.dtype, jnp.integer):
-        raise TypeError(f"dit: y must hold integer class ids (n_classes={config.n_classes} is the null class), got {y.dtype}")
+        raise TypeError(f"dit: y must hold integer class ids (n_classes={config.n_classes} is the null class), "
+                        f"got {y.dtype}")  # fmt: skip
     mixer = stack.depth(params["mixer"], "params['mixer']") if config.n_mixer else 0
     got = tuple(params["patch"]["w"].shape), stack.depth(params["blocks"], "params['blocks']"), mixer
     expected = (config.patch_size**2 * config.in_channels, config.d_model), config.n_layer, config.n_mixer

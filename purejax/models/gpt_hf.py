@@ -21,20 +21,20 @@ shape-mismatched tensor by its Hugging Face name.
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from purejax.models import gpt
 from purejax import safetensors
 from purejax import tree as tree_lib
+from purejax.models import gpt
 from purejax.nn import attention
+
 
 class Transform(NamedTuple):
     """A pair of inverse functions `(array, config) -> array` between a Hugging Face tensor and ours."""

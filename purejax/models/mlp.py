@@ -14,8 +14,7 @@ from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
 from purejax import losses
 from purejax import random as prandom
-from purejax.nn import activations, dropout, initializers, linear
-from purejax.nn import check_keys
+from purejax.nn import activations, check_keys, dropout, initializers, linear
 
 
 @dataclass(frozen=True)
@@ -58,19 +57,20 @@ def apply(
     """Logits. With a `key`, dropout is applied after each hidden activation (training); without, none is."""
     check_keys(params, "models.mlp", required=config.layer_names)
     act = activations.get(config.activation)
-    h = x
+    h = jnp.asarray(x)
     for i, name in enumerate(config.layer_names[:-1]):
         h = act(linear.apply(params[name], h))
-        h = dropout.apply(h, config.dropout, None if key is None else jax.random.fold_in(key, i))
+        h = dropout.apply(h, rate=config.dropout, key=None if key is None else jax.random.fold_in(key, i))
     return linear.apply(params["head"], h)
 
 
 def loss(
     params: dict,
-    batch: tuple[Float[ArrayLike, "batch d_in"], Int[ArrayLike, "batch"]],
+    batch: tuple[Float[ArrayLike, "batch d_in"], Int[ArrayLike, " batch"]],
     config: MLPConfig,
+    *,
     key: PRNGKeyArray | None = None,
 ) -> Float[Array, ""]:
-    """Mean cross-entropy of the batch `(x, labels)`."""
+    """Mean cross-entropy of the batch `(x, labels)`; dropout on when a key is given."""
     x, labels = batch
-    return jnp.mean(losses.cross_entropy(apply(params, x, config, key=key), labels))
+    return jnp.mean(losses.cross_entropy(apply(params, x, config, key=key), jnp.asarray(labels)))

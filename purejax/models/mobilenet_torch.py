@@ -1,7 +1,7 @@
 """torchvision's MobileNetV2 weights to and from purejax, without torch: a state dict saved as .safetensors or .npz.
 
     params, state = mobilenet_torch.load("mobilenet_v2.safetensors", mobilenet.MobileNetConfig())
-    logits, _ = mobilenet.apply(params, state, images, config, train=False)   # images (batch, 224, 224, 3)
+    logits, _ = mobilenet.apply(params, images, state, config, train=False)   # images (batch, 224, 224, 3)
 
 torchvision pickles its weights (`mobilenet_v2-b0353104.pth`, ImageNet top-1 71.9%); convert once with torch:
 
@@ -30,9 +30,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from purejax.models import mobilenet
 from purejax import safetensors
 from purejax import tree as tree_lib
+from purejax.models import mobilenet
 
 # Where each of our units sits in torchvision's module tree: (our path, torch conv module, torch BN module).
 # "{f}" is the block's index in `features` (our block_{f-1}); the expand conv is absent when t == 1, which
@@ -109,7 +109,7 @@ def from_torchvision(
     tensors = {name: value for name, value in tensors.items() if not name.endswith(IGNORED_SUFFIX)}
     report = tree_lib.diff(tensors, expected_shapes(config), check_dtype=False)
     if not report.ok:
-        what = (f"{source} (torchvision MobileNetV2 with width={config.width}, num_classes={config.num_classes}, "
+        what = (f"{source} (torchvision MobileNetV2 with width_mult={config.width_mult}, n_classes={config.n_classes}, "
                 f"in_channels={config.in_channels})")  # fmt: skip
         raise tree_lib.TreeMismatchError(report.format(what))
     flat: dict[str, dict[str, Any]] = {"params": {}, "state": {}}

@@ -23,6 +23,7 @@ t and for eps would make the noise a function of t (a published JAX port did exa
 would then learn that correlation instead of the flow.
 """
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -58,9 +59,11 @@ class FlowConfig:
 
     def __post_init__(self):
         if self.time_sampling not in ("uniform", "logit_normal"):
-            raise ValueError(f"FlowConfig: time_sampling must be 'uniform' or 'logit_normal', got {self.time_sampling!r}")
-        if self.logit_std <= 0 or self.shift <= 0:
-            raise ValueError(f"FlowConfig: logit_std and shift must be positive, got {self.logit_std}, {self.shift}")
+            raise ValueError(f"FlowConfig: time_sampling must be 'uniform' or 'logit_normal', "
+                             f"got {self.time_sampling!r}")  # fmt: skip
+        if not (self.logit_std > 0 and self.shift > 0 and math.isfinite(self.logit_mean)):  # NaN fails too
+            raise ValueError(f"FlowConfig: logit_std and shift must be positive and logit_mean finite, got "
+                             f"{self.logit_std}, {self.shift}, {self.logit_mean}")  # fmt: skip
         if not 0.0 <= self.label_dropout <= 1.0:
             raise ValueError(f"FlowConfig: label_dropout must be in [0, 1], got {self.label_dropout}")
         if isinstance(self.null_class, bool) or not isinstance(self.null_class, int) or self.null_class < 0:
@@ -85,22 +88,27 @@ def sample_time(key: PRNGKeyArray, batch: int, config: FlowConfig) -> Float[Arra
     return shift_time(t, config.shift)
 
 
-def interpolate(x: Float[Array, "batch *shape"], eps: Float[Array, "batch *shape"], t: Float[Array, " batch"]) -> Float[Array, "batch *shape"]:
+def interpolate(
+    x: Float[Array, " batch *shape"], eps: Float[Array, " batch *shape"], t: Float[Array, " batch"]
+) -> Float[Array, " batch *shape"]:
     """z_t = (1 - t) * x + t * eps, t broadcast over each sample's pixels."""
     t = t.reshape(-1, *([1] * (x.ndim - 1))).astype(x.dtype)
     return (1 - t) * x + t * eps
 
 
-def drop_labels(key: PRNGKeyArray, y: Integer[Array, " batch"], rate: float, null_class: int) -> Integer[Array, " batch"]:
-    """Each label replaced by `null_class` with probability `rate`."""
+def drop_labels(
+    key: PRNGKeyArray, y: Integer[Array, " batch"], rate: float, null_class: int
+) -> Integer[Array, " batch"]:
+    """Each label replaced by `null_class` with probability `rate`. A sampler: like jax.random's, it takes its
+    key first."""
     return jnp.where(jax.random.bernoulli(key, rate, y.shape), jnp.asarray(null_class, y.dtype), y)
 
 
 def per_sample_loss(
-    v: Float[Array, "batch *shape"],
-    x: Float[Array, "batch *shape"],
-    eps: Float[Array, "batch *shape"],
-    kept: Bool[Array, "batch *mask_shape"] | None = None,
+    v: Float[Array, " batch *shape"],
+    x: Float[Array, " batch *shape"],
+    eps: Float[Array, " batch *shape"],
+    kept: Bool[Array, " batch *mask_shape"] | None = None,
 ) -> Float[Array, " batch"]:
     """Mean of (v - (eps - x))^2 over each sample's elements, in float32. With `kept` (broadcastable to v,
     e.g. MicroDiT's kept patches), only kept elements count, and the mean is over them."""
@@ -115,25 +123,27 @@ def per_sample_loss(
 def loss(
     predict: Callable[..., Any],
     params: Any,
-    x: Float[Array, "batch *shape"],
+    x: Float[Array, " batch *shape"],
     y: Integer[Array, " batch"],
-    key: PRNGKeyArray,
     config: FlowConfig,
+    *,
+    key: PRNGKeyArray,
 ) -> tuple[Float[Array, ""], dict[str, Array]]:
     """The rectified-flow loss of a batch of data `x` with labels `y`, and `{"t_mean": mean t}`.
 
-    `predict(params, z, t, y, key)` returns the velocity, or `(velocity, kept)` for a model that sees only
+    `predict(params, z, t, y, *, key)` returns the velocity, or `(velocity, kept)` for a model that sees only
     part of its input (`models.dit.apply_masked`); `key` is its own (masking, dropout). The key is split by
     name into "time", "noise", "labels" and "model", so that no two draws share one."""
     keys = prandom.named_keys(key, "time", "noise", "labels", "model")
     t = sample_time(keys["time"], x.shape[0], config)
     eps = jax.random.normal(keys["noise"], x.shape, x.dtype)
     y = drop_labels(keys["labels"], y, config.label_dropout, config.null_class)
-    out = predict(params, interpolate(x, eps, t), t, y, keys["model"])
+    out = predict(params, interpolate(x, eps, t), t, y, key=keys["model"])
     v, kept = out if isinstance(out, tuple) else (out, None)
     if v.shape != x.shape:
-        raise ValueError(f"rectified_flow.loss: predict returned shape {v.shape}, expected x's {x.shape}; a model "
-                         f"with learned sigma must return only the velocity channels (models.dit.velocity)")  # fmt: skip
+        raise ValueError(f"rectified_flow.loss: predict returned shape {v.shape}, expected x's {x.shape}; a "
+                         f"model with learned sigma must return only the velocity channels "
+                         f"(models.dit.velocity)")  # fmt: skip
     return jnp.mean(per_sample_loss(v, x, eps, kept)), {"t_mean": jnp.mean(t)}
 
 
@@ -148,12 +158,12 @@ def time_grid(n_steps: int, shift: float = 1.0) -> Float[Array, " n_steps_plus_1
 def guided_velocity(
     velocity: Velocity,
     params: Any,
-    z: Float[Array, "batch *shape"],
+    z: Float[Array, " batch *shape"],
     t: Float[Array, " batch"],
     y: Integer[Array, " batch"],
     guidance: Float[ArrayLike, ""],
     null_class: int,
-) -> Float[Array, "batch *shape"]:
+) -> Float[Array, " batch *shape"]:
     """Classifier-free guidance on the velocity: v_null + guidance * (v_y - v_null) (Ho & Salimans 2022).
     guidance 1 is the plain conditional velocity, 0 the unconditional one. Both velocities come from one
     call on the doubled batch."""
@@ -174,7 +184,7 @@ def sample(
     guidance: Float[ArrayLike, ""] = 1.0,
     null_class: int,
     shift: float = 1.0,
-) -> Float[Array, "batch *shape"]:
+) -> Float[Array, " batch *shape"]:
     """Samples for labels `y`: noise drawn from `key`, integrated by Euler's method from t = 1 to t = 0 in
     `n_steps` steps, z <- z + (t_next - t) * v(z, t), with guidance on the velocity.
 
@@ -186,7 +196,8 @@ def sample(
         raise ValueError(f"rectified_flow.sample: n_steps must be a positive int, got {n_steps!r}")
     y = jnp.asarray(y)
     if y.ndim != 1 or not jnp.issubdtype(y.dtype, jnp.integer):
-        raise ValueError(f"rectified_flow.sample: y must be a 1-D array of integer labels, got {y.dtype}{list(y.shape)}")
+        raise ValueError(f"rectified_flow.sample: y must be a 1-D array of integer labels, "
+                         f"got {y.dtype}{list(y.shape)}")  # fmt: skip
     ts = time_grid(n_steps, shift)
     batch = y.shape[0]
 

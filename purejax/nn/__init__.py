@@ -1,9 +1,12 @@
 """Layers as init/apply pairs over plain dicts. Each module is one layer: `linear.init(key, 3, 4)` builds its
-params, `linear.apply(params, x)` runs it. Stateless functions (activations, dropout, pooling) have no init."""
+params, `linear.apply(params, x)` runs it. Stateless functions (activations, dropout, pooling) have no init.
+Every layer follows the contract in docs/design.md, section 2: `init(key, <sizes>, *, <options>)`,
+`apply(params, x, [state], *, <options>, key=None, axis_name=None)`, initializers that are factories."""
 
 from purejax.nn import (
     activations,
     attention,
+    attention_cache,
     batch_norm,
     conv,
     dropout,
@@ -16,4 +19,4 @@ from purejax.nn import (
     rms_norm,
     stack,
 )
-from purejax.nn._check import check_dim, check_keys  # the checks every layer makes, for models to reuse
+from purejax.nn._check import check_dim, check_keys, check_shape  # the checks every layer makes, for models to reuse

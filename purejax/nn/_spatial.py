@@ -6,12 +6,11 @@ shifted-slices depthwise path, the pooling windows) sees exactly the same padded
 """
 
 from collections.abc import Sequence
-from typing import Union
 
 import jax
 
 Pair = tuple[int, int]
-Padding = Union[str, int, Sequence[Sequence[int]]]
+Padding = str | int | Sequence[Sequence[int]]
 
 
 def to_pair(layer: str, name: str, value: int | Sequence[int], minimum: int = 1) -> Pair:

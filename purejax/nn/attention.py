@@ -1,4 +1,4 @@
-"""Multi-head self-attention (Vaswani et al. 2017) with optional grouped key/value heads and a key/value cache.
+"""Multi-head self-attention (Vaswani et al. 2017) with optional grouped key/value heads.
 
 params: {"qkv": linear (d_model, (n_head + 2 * n_kv_head) * head_dim), "proj": linear (d_model, d_model)}.
 The query, key and value projections are one fused matmul, as nanoGPT's `c_attn`. Its output columns are
@@ -19,18 +19,12 @@ treats the params as this device's shards: qkv column-parallel (whole groups of 
 from the local weight's width), proj row-parallel (the partial products are `psum`-med over `axis_name`, then
 the replicated bias is added). Each device attends with its own heads; the forward pass costs one all-reduce.
 
-Two formulations compute the same thing. "fused" calls `jax.nn.dot_product_attention` with its default
-implementation, which in jax 0.10.2 is XLA's on every backend (its cuDNN flash attention runs only when
-asked for by name, `implementation="cudnn"`, which this layer does not do); "einsum" writes the maths out in
-`dot_product_attention` below, and is the one that can drop attention probabilities. `impl="auto"` takes
-"einsum" when dropout is on (a key is given and `dropout > 0`) and for float16 on CPU, which XLA:CPU's fused
-attention cannot compile. Both compute logits and softmax in float32 whatever the input dtype.
-
-Incremental decoding. `init_cache` preallocates keys and values for `max_len` positions plus the write index;
-`apply(..., cache=cache)` writes the new tokens' keys and values at [index, index + seq), attends over the
-whole fixed-size cache with a mask that hides positions not yet written (and future tokens, when causal),
-and returns `(y, new_cache)`. Every shape is static, so decoding token by token under `lax.scan` compiles
-once, however many tokens are produced.
+Two formulations compute the same thing (`attend`). "fused" calls `jax.nn.dot_product_attention` with its
+default implementation, XLA's on every backend (cuDNN's flash attention runs only when asked for by name);
+"einsum" writes the maths out in `dot_product_attention`, and can drop attention probabilities. "auto" takes
+"einsum" when dropout is on and for float16 on CPU, which XLA:CPU's fused attention cannot compile. Both
+compute logits and softmax in float32 whatever the input dtype. Decoding with a key/value cache is
+`purejax.nn.attention_cache`, built from the same pieces, so that `apply` has one return type.
 """
 
 from dataclasses import dataclass
@@ -39,16 +33,14 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Float, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from purejax import random as prandom
-from purejax import tree as tree_lib
 from purejax.nn import dropout as dropout_lib
 from purejax.nn import initializers, linear
 from purejax.nn._check import check_keys
 
 Params = dict[str, Any]
-Cache = dict[str, Array]
 Impl = Literal["auto", "fused", "einsum"]
 
 # What masked logits are set to: jax.nn.dot_product_attention's value, so both formulations agree exactly.
@@ -142,21 +134,92 @@ def init(
     dtype: Any = jnp.float32,
 ) -> Params:
     """`proj_init` overrides the output projection's initializer (GPT-2 scales it by 1/sqrt(2 * n_layer))."""
-    keys = prandom.named_keys(key, "qkv", "proj")
-    d = config.d_model
+    keys, d = prandom.named_keys(key, "qkv", "proj"), config.d_model
     return {
         "qkv": linear.init(keys["qkv"], d, config.qkv_width, bias=config.bias, w_init=w_init, dtype=dtype),
         "proj": linear.init(keys["proj"], d, d, bias=config.bias, w_init=proj_init or w_init, dtype=dtype),
     }
 
 
-def init_cache(config: AttentionConfig, batch: int, max_len: int, dtype: Any = jnp.float32) -> Cache:
-    """An empty key/value cache for `max_len` positions: {"k", "v": (batch, max_len, n_kv_head, head_dim),
-    "index": int32 scalar, the number of positions written so far}."""
-    if batch <= 0 or max_len <= 0:
-        raise ValueError(f"attention.init_cache: batch and max_len must be positive, got {batch}, {max_len}")
-    shape = (batch, max_len, config.n_kv_head, config.head_dim)
-    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype), "index": jnp.zeros((), jnp.int32)}
+def apply(
+    params: Params,
+    x: Float[Array, "batch seq d_model"],
+    config: AttentionConfig,
+    *,
+    mask: Bool[Array, "..."] | None = None,
+    key: PRNGKeyArray | None = None,
+    axis_name: str | None = None,
+) -> Float[Array, "batch seq d_model"]:
+    """Self-attention over `x`: every position attends to the positions the causal mask and `mask` allow.
+
+    Arguments:
+        mask: True where a query may attend to a key, broadcastable to (batch, n_head or 1, seq, seq). A query
+            allowed to see nothing gets the plain average of all values (as jax.nn.dot_product_attention),
+            not NaN. Under tensor parallelism its head axis is this device's heads or 1.
+        key: switches dropout on (with `config.dropout > 0`); None is evaluation.
+        axis_name: inside `shard_map`, the mesh axis the heads are split over (tensor parallelism, see the
+            module docstring); `x` and the output are replicated over it. None: the params are whole.
+    """
+    q, k, v = qkv_heads(params, x, config, axis_name=axis_name)
+    batch, seq, n_head, _ = q.shape
+    allowed = combine_masks(mask, config, n_head, jnp.arange(seq), jnp.arange(seq), batch=batch)
+    drop = key is not None and config.dropout > 0
+    keys = prandom.named_keys(key, "attn", "resid") if drop else {"attn": None, "resid": None}
+    out = attend(q, k, v, allowed, config, key=keys["attn"], axis_name=axis_name)
+    y = linear.apply(params["proj"], out.reshape(batch, seq, -1), axis_name=axis_name)
+    return dropout_lib.apply(y, rate=config.dropout, key=keys["resid"])
+
+
+def qkv_heads(
+    params: Params, x: Float[Array, "batch seq d_model"], config: AttentionConfig, *, axis_name: str | None = None
+) -> tuple[Array, Array, Array]:
+    """The fused projection split into q (batch, seq, heads, head_dim) and k, v (batch, seq, kv_heads, head_dim),
+    all heads or this device's (tensor parallelism), after checking params and `x`. q head j*group+i reads kv head j."""
+    check_keys(params, "attention", required=("qkv", "proj"))
+    check_keys(params["qkv"], "attention.qkv", required=("w",), optional=("b",))
+    n_kv_head = _local_kv_heads(params, x, config, axis_name)
+    batch, seq, _ = x.shape
+    group, head_dim = config.group, config.head_dim
+    qkv = linear.apply(params["qkv"], x).reshape(batch, seq, n_kv_head, group + 2, head_dim)
+    q = qkv[:, :, :, :group].reshape(batch, seq, n_kv_head * group, head_dim)
+    return q, qkv[:, :, :, group], qkv[:, :, :, group + 1]
+
+
+def combine_masks(
+    mask: Array | None, config: AttentionConfig, n_head: int, q_pos: Int[Array, " seq"], kv_pos: Int[Array, " kv_len"],
+    *, batch: int, written: Bool[Array, " kv_len"] | None = None,
+) -> Array | None:  # fmt: skip
+    """One boolean (batch|1, n_head|1, seq, kv_len) mask, True where a query at absolute position q_pos may
+    attend to the key at kv_pos: the user's `mask`, the causal mask (if `config.causal`), and `written` (a
+    cache's filled positions). None when nothing is masked."""
+    seq, kv_len = q_pos.shape[0], kv_pos.shape[0]
+    allowed = None
+    if config.causal:
+        allowed = kv_pos[None, :] <= q_pos[:, None]
+    if written is not None:
+        allowed = written[None, :] if allowed is None else allowed & written[None, :]
+    if allowed is not None:
+        allowed = jnp.broadcast_to(allowed, (seq, kv_len))[None, None]
+    if mask is not None:
+        mask = _check_mask(mask, n_head, batch, seq, kv_len)
+        allowed = mask if allowed is None else mask & allowed
+    return allowed
+
+
+def attend(
+    q: Float[Array, "batch seq n_head head_dim"], k: Float[Array, "batch kv_seq n_kv_head head_dim"],
+    v: Float[Array, "batch kv_seq n_kv_head head_dim"], mask: Bool[Array, "#batch #n_head seq kv_seq"] | None,
+    config: AttentionConfig, *, key: PRNGKeyArray | None = None, axis_name: str | None = None,
+) -> Float[Array, "batch seq n_head head_dim"]:  # fmt: skip
+    """softmax(q k^T / sqrt(head_dim), masked) v in the formulation `config.impl` picks (module docstring);
+    with `key` (and `config.dropout > 0`) the probabilities are dropped."""
+    drop = key is not None and config.dropout > 0
+    if drop and axis_name is not None:
+        # Each device holds other heads: their probabilities need masks of their own (not so the replicated output).
+        key = jax.random.fold_in(key, jax.lax.axis_index(axis_name))
+    if config.impl == "einsum" or (config.impl == "auto" and (drop or _no_fused_float16(q.dtype))):
+        return dot_product_attention(q, k, v, mask, dropout_rate=config.dropout, key=key)
+    return jax.nn.dot_product_attention(q, k, v, mask=mask)
 
 
 def dot_product_attention(
@@ -185,109 +248,14 @@ def dot_product_attention(
         else:
             grouped = mask.reshape(mask.shape[0], n_kv_head, group, *mask.shape[2:])
         logits = jnp.where(grouped, logits, _MASKED)
-    probs = dropout_lib.apply(jax.nn.softmax(logits, axis=-1), dropout_rate, key)
+    probs = dropout_lib.apply(jax.nn.softmax(logits, axis=-1), rate=dropout_rate, key=key)
     out = jnp.einsum("bkgts,bskh->btkgh", probs.astype(v.dtype), v)
     return out.reshape(batch, seq, n_head, head_dim)
-
-
-def apply(
-    params: Params,
-    x: Float[Array, "batch seq d_model"],
-    config: AttentionConfig,
-    *,
-    mask: Bool[Array, "..."] | None = None,
-    cache: Cache | None = None,
-    key: PRNGKeyArray | None = None,
-    axis_name: str | None = None,
-) -> Float[Array, "batch seq d_model"] | tuple[Float[Array, "batch seq d_model"], Cache]:
-    """Self-attention over `x`. Returns `y`, or `(y, new_cache)` when a `cache` is given.
-
-    Arguments:
-        mask: True where a query may attend to a key, broadcastable to (batch, n_head or 1, seq, kv_len),
-            where kv_len is seq without a cache and max_len with one (the mask then covers cache positions).
-            Combined with the causal mask and, with a cache, the written-positions mask. A query allowed to
-            see nothing gets the plain average of all values (as jax.nn.dot_product_attention), not NaN.
-            Under tensor parallelism its head axis is this device's heads or 1.
-        cache: from `init_cache` or a previous call. The new keys and values are written at
-            [index, index + seq); the returned cache has them and index + seq. Writing past max_len cannot
-            be detected at trace time (index is traced), so the output is NaN instead of silently wrong.
-        key: switches dropout on (with `config.dropout > 0`); None is evaluation.
-        axis_name: inside `shard_map`, the mesh axis the heads are split over (tensor parallelism, see the
-            module docstring); `x` and the output are replicated over it. None: the params are whole.
-    """
-    check_keys(params, "attention", required=("qkv", "proj"))
-    check_keys(params["qkv"], "attention.qkv", required=("w",), optional=("b",))
-    n_kv_head = _local_kv_heads(params, x, config, axis_name)
-    batch, seq, _ = x.shape
-    group, head_dim = config.group, config.head_dim
-    n_head = n_kv_head * group  # this device's query heads (all of them without tensor parallelism)
-
-    qkv = linear.apply(params["qkv"], x).reshape(batch, seq, n_kv_head, group + 2, head_dim)
-    q = qkv[:, :, :, :group].reshape(batch, seq, n_head, head_dim)  # query head j * group + i reads kv head j
-    k, v = qkv[:, :, :, group], qkv[:, :, :, group + 1]
-
-    if cache is None:
-        q_pos, kv_pos = jnp.arange(seq), jnp.arange(seq)
-        written = None
-    else:
-        if axis_name is not None:
-            raise ValueError("attention: decoding with a cache under tensor parallelism is not supported")
-        _check_cache(cache, config, batch, seq)
-        index = cache["index"].astype(jnp.int32)
-        start = (jnp.zeros((), jnp.int32), index, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
-        k = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), start)
-        v = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), start)
-        cache = {"k": k, "v": v, "index": index + seq}
-        q_pos, kv_pos = index + jnp.arange(seq), jnp.arange(k.shape[1])
-        written = kv_pos < index + seq
-        k, v = k.astype(q.dtype), v.astype(q.dtype)  # a float32 cache read by a bfloat16 computation
-    allowed = _combine(mask, config, n_head, q_pos, kv_pos, written, batch)
-
-    drop = key is not None and config.dropout > 0
-    keys = prandom.named_keys(key, "attn", "resid") if drop else {"attn": None, "resid": None}
-    if drop and axis_name is not None:
-        # Each device holds other heads, so its attention probabilities need masks of their own; the output
-        # below is replicated over `axis_name`, so its dropout key (and mask) must stay the same everywhere.
-        keys["attn"] = jax.random.fold_in(keys["attn"], jax.lax.axis_index(axis_name))
-    if config.impl == "einsum" or (config.impl == "auto" and (drop or _no_fused_float16(q.dtype))):
-        out = dot_product_attention(q, k, v, allowed, dropout_rate=config.dropout, key=keys["attn"])
-    else:
-        out = jax.nn.dot_product_attention(q, k, v, mask=allowed)
-    y = linear.apply(params["proj"], out.reshape(batch, seq, n_head * head_dim), axis_name=axis_name)
-    y = dropout_lib.apply(y, config.dropout, keys["resid"])
-    if cache is None:
-        return y
-    overflow = cache["index"] > cache["k"].shape[1]
-    return jnp.where(overflow, jnp.asarray(jnp.nan, y.dtype), y), cache
 
 
 def _no_fused_float16(dtype: Any) -> bool:
     """XLA:CPU cannot compile `jax.nn.dot_product_attention` in float16 ("F16_F16_F32 not supported")."""
     return dtype == jnp.float16 and jax.default_backend() == "cpu"
-
-
-def _combine(
-    mask: Array | None,
-    config: AttentionConfig,
-    n_head: int,
-    q_pos: Array,
-    kv_pos: Array,
-    written: Array | None,
-    batch: int,
-) -> Array | None:
-    """One boolean (batch|1, n_head|1, seq, kv_len) mask: the user's, causal on absolute positions, written."""
-    seq, kv_len = q_pos.shape[0], kv_pos.shape[0]
-    allowed = None
-    if config.causal:
-        allowed = kv_pos[None, :] <= q_pos[:, None]
-    if written is not None:
-        allowed = written[None, :] if allowed is None else allowed & written[None, :]
-    if allowed is not None:
-        allowed = jnp.broadcast_to(allowed, (seq, kv_len))[None, None]
-    if mask is not None:
-        mask = _check_mask(mask, n_head, batch, seq, kv_len)
-        allowed = mask if allowed is None else mask & allowed
-    return allowed
 
 
 def _local_kv_heads(params: Params, x: Array, config: AttentionConfig, axis_name: str | None) -> int:
@@ -304,7 +272,7 @@ def _local_kv_heads(params: Params, x: Array, config: AttentionConfig, axis_name
             f"attention: n_kv_head={config.n_kv_head} key/value heads cannot be split over the {shards} devices of "
             f"mesh axis {axis_name!r}; tensor parallelism needs n_kv_head divisible by its size"
         )
-    d, per_group = config.d_model, (config.group + 2) * config.head_dim
+    d = config.d_model
     where = "" if axis_name is None else f" on each of the {shards} devices of mesh axis {axis_name!r}"
     want = {"qkv": (d, config.qkv_width // shards), "proj": (config.n_head * config.head_dim // shards, d)}
     for name, what in (("qkv", "(n_head + 2 * n_kv_head) * head_dim outputs"), ("proj", "n_head * head_dim inputs")):
@@ -314,7 +282,7 @@ def _local_kv_heads(params: Params, x: Array, config: AttentionConfig, axis_name
                 f"attention: params['{name}']['w'] has shape {got}, but config {config} needs {want[name]} "
                 f"({what}){where}; were the params made with another config (or sharded another way)?"
             )
-    return want["qkv"][1] // per_group
+    return config.n_kv_head // shards
 
 
 def _check_mask(mask: Array, n_head: int, batch: int, seq: int, kv_len: int) -> Array:
@@ -330,21 +298,3 @@ def _check_mask(mask: Array, n_head: int, batch: int, seq: int, kv_len: int) -> 
             f"kv_len is the cache's max_len when decoding with a cache"
         )
     return mask.reshape(shape)
-
-
-def _check_cache(cache: Any, config: AttentionConfig, batch: int, seq: int) -> None:
-    check_keys(cache, "attention cache", required=("k", "v", "index"))
-    max_len = cache["k"].shape[1] if cache["k"].ndim == 4 else None
-    want = (batch, max_len, config.n_kv_head, config.head_dim)
-    for name in ("k", "v"):
-        if cache[name].ndim != 4 or tuple(cache[name].shape) != want:
-            raise ValueError(
-                f"attention: cache['{name}'] has shape {tuple(cache[name].shape)}, expected (batch={batch}, "
-                f"max_len, n_kv_head={config.n_kv_head}, head_dim={config.head_dim}) for x and config {config}; "
-                f"make it with attention.init_cache(config, batch, max_len)"
-            )
-    index = cache["index"]
-    if index.shape != () or not jnp.issubdtype(index.dtype, jnp.integer):
-        raise ValueError(f"attention: cache['index'] must be an integer scalar, got {tree_lib.describe(index)}")
-    if seq > max_len:
-        raise ValueError(f"attention: x has seq={seq} tokens, more than the cache's max_len={max_len}")

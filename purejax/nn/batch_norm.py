@@ -1,16 +1,19 @@
 """Batch normalisation (Ioffe & Szegedy 2015) with its running statistics as explicit state.
 
-params: {"scale": (features,), "bias": (features,)}, trained by the optimizer.
-state:  {"mean": (features,), "var": (features,)}, float32, updated by `apply` in train mode and returned.
+params: {"scale": (channels,), "bias": (channels,)}, trained by the optimizer.
+state:  {"mean": (channels,), "var": (channels,)}, float32, updated by `apply` in train mode and returned.
 
-Statistics are taken over every axis but the last (batch, height and width for NHWC images). The conventions
-are torch's `nn.BatchNorm2d`, so imported weights and buffers behave the same:
+Statistics are taken over every axis but the last, the channels: batch, height and width for NHWC images, the
+batch alone for (batch, channels) features. The conventions are torch's `nn.BatchNorm2d`, so imported weights
+and buffers behave the same (torch calls the size `num_features`; here it is `channels`, as in `conv`):
 - train: normalise with the batch mean and the *biased* batch variance, and update
   `running = (1 - momentum) * running + momentum * batch` with the *unbiased* variance (n / (n - 1));
 - eval: normalise with the running statistics; the state comes back unchanged.
 
-`train` is a Python bool, fixed at trace time. To choose train or eval with a traced flag, call `apply` in both
-branches of `lax.cond`: both return the same state structure and dtypes.
+`apply(params, x, state, ...)` takes the state after the input and returns `(y, new_state)` in both modes,
+the layer contract's order for a stateful layer (docs/design.md). `train` is a Python bool, fixed at trace
+time. To choose train or eval with a traced flag, call `apply` in both branches of `lax.cond`: both return
+the same state structure and dtypes.
 
 Data parallel: with `axis_name`, the batch statistics are averaged over that named axis (`shard_map`, or
 `vmap(..., axis_name=...)`), in two passes, global mean and then the global mean of squared deviations, which
@@ -24,39 +27,39 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from purejax.nn._check import check_dim, check_keys
+from purejax.nn._check import check_dim, check_keys, check_shape
 
 Params = dict[str, Array]
 State = dict[str, Array]
 
 
-def init(key: PRNGKeyArray | None, num_features: int, *, dtype: Any = jnp.float32) -> Params:
+def init(key: PRNGKeyArray | None, channels: int, *, dtype: Any = jnp.float32) -> Params:
     """scale ones, bias zeros. `key` is unused; every init takes one so all layers compose the same way."""
     del key
-    if num_features <= 0:
-        raise ValueError(f"batch_norm.init: num_features must be positive, got {num_features}")
-    return {"scale": jnp.ones((num_features,), dtype), "bias": jnp.zeros((num_features,), dtype)}
+    if channels <= 0:
+        raise ValueError(f"batch_norm.init: channels must be positive, got {channels}")
+    return {"scale": jnp.ones((channels,), dtype), "bias": jnp.zeros((channels,), dtype)}
 
 
-def init_state(num_features: int) -> State:
+def init_state(channels: int) -> State:
     """Running mean zeros and running variance ones (torch's initial buffers), in float32."""
-    if num_features <= 0:
-        raise ValueError(f"batch_norm.init_state: num_features must be positive, got {num_features}")
-    return {"mean": jnp.zeros((num_features,), jnp.float32), "var": jnp.ones((num_features,), jnp.float32)}
+    if channels <= 0:
+        raise ValueError(f"batch_norm.init_state: channels must be positive, got {channels}")
+    return {"mean": jnp.zeros((channels,), jnp.float32), "var": jnp.ones((channels,), jnp.float32)}
 
 
 def apply(
     params: Params,
+    x: Float[ArrayLike, "*batch channels"],
     state: State,
-    x: Float[Array, "*batch features"],
     *,
     train: bool,
     momentum: float = 0.1,
     eps: float = 1e-5,
     axis_name: Hashable | None = None,
-) -> tuple[Float[Array, "*batch features"], State]:
+) -> tuple[Float[Array, "*batch channels"], State]:
     """(y, new_state): y = (x - mean) / sqrt(var + eps) * scale + bias, computed in float32, returned in x's dtype.
 
     Arguments:
@@ -65,12 +68,13 @@ def apply(
             is 1 minus this).
         axis_name: a named axis (or tuple of them) to average the batch statistics over; train mode only.
     """
+    x = jnp.asarray(x)
     _check(params, state, x, momentum)
     x32 = x.astype(jnp.promote_types(x.dtype, jnp.float32))
     if train:
         mean, var, count = _batch_stats(x32, axis_name)
         if count < 2:
-            raise ValueError(f"batch_norm: train mode needs more than one value per feature, got x of shape {x.shape}")
+            raise ValueError(f"batch_norm: train mode needs more than one value per channel, got x of shape {x.shape}")
         unbiased = var * (count / (count - 1))
         new_state = {
             name: ((1 - momentum) * state[name] + momentum * jax.lax.stop_gradient(batch)).astype(state[name].dtype)
@@ -84,9 +88,9 @@ def apply(
 
 
 def _batch_stats(
-    x32: Float[Array, "*batch features"], axis_name: Hashable | None
-) -> tuple[Float[Array, " features"], Float[Array, " features"], int]:
-    """Mean, biased variance and element count per feature over all axes but the last, and over `axis_name`."""
+    x32: Float[Array, "*batch channels"], axis_name: Hashable | None
+) -> tuple[Float[Array, " channels"], Float[Array, " channels"], int]:
+    """Mean, biased variance and element count per channel over all axes but the last, and over `axis_name`."""
     axes = tuple(range(x32.ndim - 1))
     count = math.prod(x32.shape[:-1])
     mean = jnp.mean(x32, axis=axes)
@@ -105,13 +109,12 @@ def _check(params: Any, state: Any, x: Array, momentum: float) -> None:
         got = sorted(state) if isinstance(state, Mapping) else type(state).__name__
         raise KeyError(f"batch_norm: state must be a dict with keys ['mean', 'var'] (batch_norm.init_state), got {got}")
     if x.ndim < 2:
-        raise ValueError(f"batch_norm: x must be (*batch, features) with at least one batch axis, got shape {x.shape}")
-    features = params["scale"].shape[0]
+        raise ValueError(f"batch_norm: x must be (*batch, channels) with at least one batch axis, got shape {x.shape}")
+    channels = params["scale"].shape[0]
     source = f"params['scale'] of shape {params['scale'].shape}"
-    check_dim("batch_norm", "x", x, -1, features, source)
-    others = {"params['bias']": params["bias"], "state['mean']": state["mean"], "state['var']": state["var"]}
-    for name, array in others.items():
-        if array.shape != (features,):
-            raise ValueError(f"batch_norm: {name} has shape {array.shape}, expected ({features},) to match {source}")
+    check_dim("batch_norm", "x", x, -1, channels, source)
+    vectors = {"params['bias']": params["bias"], "state['mean']": state["mean"], "state['var']": state["var"]}
+    for name, array in vectors.items():
+        check_shape("batch_norm", name, array, (channels,), source)
     if not 0.0 <= momentum <= 1.0:
         raise ValueError(f"batch_norm: momentum must be in [0, 1], got {momentum}")

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from purejax.nn import initializers
 from purejax.nn._check import check_dim, check_keys
@@ -67,7 +67,7 @@ def init(
 
 def apply(
     params: Params,
-    x: Float[Array, "*batch height width in_channels"],
+    x: Float[ArrayLike, "*batch height width in_channels"],
     *,
     stride: int | Sequence[int] = 1,
     padding: Padding = "SAME",
@@ -87,28 +87,10 @@ def apply(
         depthwise_impl: how a depthwise convolution (groups == in_channels) is computed; see the module
             docstring. "auto" and "xla" accept any grouping; "shifts" on a non-depthwise one is an error.
     """
-    check_keys(params, "conv", required=("w",), optional=("b",))
+    x = jnp.asarray(x)
+    depthwise = _check(params, x, groups, depthwise_impl)
     w = params["w"]
-    if w.ndim != 4:
-        raise ValueError(
-            f"conv: params['w'] must be (kh, kw, in_channels // groups, out_channels), got shape {w.shape}"
-        )
-    kh, kw, in_per_group, out_channels = w.shape
-    if groups < 1 or out_channels % groups:
-        raise ValueError(
-            f"conv: groups={groups} must be >= 1 and divide out_channels={out_channels} of params['w'] {w.shape}"
-        )
-    check_dim("conv", "x", x, -1, in_per_group * groups, f"params['w'] of shape {w.shape} with groups={groups}")
-    if "b" in params:
-        check_dim("conv", "params['b']", params["b"], -1, out_channels, f"params['w'] of shape {w.shape}")
-    if depthwise_impl not in ("auto", "xla", "shifts"):
-        raise ValueError(f"conv: depthwise_impl must be 'auto', 'xla' or 'shifts', got {depthwise_impl!r}")
-    depthwise = in_per_group == 1 and groups == x.shape[-1]
-    if depthwise_impl == "shifts" and not depthwise:
-        raise ValueError(
-            f"conv: depthwise_impl='shifts' needs a depthwise convolution (groups == in_channels == {x.shape[-1]}), "
-            f"got groups={groups}; use 'auto' or 'xla'"
-        )
+    kh, kw = w.shape[:2]
     stride = to_pair("conv", "stride", stride)
     dilation = to_pair("conv", "dilation", dilation)
     in_hw = x.shape[-3:-1]
@@ -135,6 +117,36 @@ def apply(
     if "b" in params:
         y = y + params["b"].astype(dtype)
     return y
+
+
+def _check(params: Any, x: Array, groups: int, depthwise_impl: str) -> bool:
+    """Raise naming what is wrong with the params, the input or the grouping; return whether the convolution
+    is depthwise (one input channel per group, groups == in_channels)."""
+    check_keys(params, "conv", required=("w",), optional=("b",))
+    w = params["w"]
+    if w.ndim != 4:
+        raise ValueError(
+            f"conv: params['w'] must be (kh, kw, in_channels // groups, out_channels), got shape {w.shape}"
+        )
+    if x.ndim < 3:
+        raise ValueError(f"conv: x must be (*batch, height, width, in_channels), got shape {x.shape}")
+    _, _, in_per_group, out_channels = w.shape
+    if groups < 1 or out_channels % groups:
+        raise ValueError(
+            f"conv: groups={groups} must be >= 1 and divide out_channels={out_channels} of params['w'] {w.shape}"
+        )
+    check_dim("conv", "x", x, -1, in_per_group * groups, f"params['w'] of shape {w.shape} with groups={groups}")
+    if "b" in params:
+        check_dim("conv", "params['b']", params["b"], -1, out_channels, f"params['w'] of shape {w.shape}")
+    if depthwise_impl not in ("auto", "xla", "shifts"):
+        raise ValueError(f"conv: depthwise_impl must be 'auto', 'xla' or 'shifts', got {depthwise_impl!r}")
+    depthwise = in_per_group == 1 and groups == x.shape[-1]
+    if depthwise_impl == "shifts" and not depthwise:
+        raise ValueError(
+            f"conv: depthwise_impl='shifts' needs a depthwise convolution (groups == in_channels == {x.shape[-1]}), "
+            f"got groups={groups}; use 'auto' or 'xla'"
+        )
+    return depthwise
 
 
 def _depthwise_shifts(

@@ -65,6 +65,7 @@ def apply(
 def attend(params: Params, x: Float[ArrayLike, "*batch d_model"]) -> Float[Array, "*batch vocab"]:
     """Logits against every table row: x @ w.T (the tied LM head); with a vocab-parallel shard of the table,
     this device's slice of the logits."""
+    x = jnp.asarray(x)
     check_keys(params, "embedding", required=("w",))
     check_dim("embedding.attend", "x", x, -1, params["w"].shape[1], f"params['w'] of shape {tuple(params['w'].shape)}")
     return matmul_rows(x, params["w"].T)  # x @ w.T, as one 2-D product: see _matmul.py for why

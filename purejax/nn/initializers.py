@@ -1,4 +1,5 @@
-"""Weight initializers: each is a function `(key, shape, dtype) -> array`, made by a small factory.
+"""Weight initializers: each is a function `(key, shape, dtype) -> array`, made by a small factory, so that
+every one is written alike whether it has settings or not: `zeros()`, `normal(0.02)`, `he_normal()`.
 
 Fan-in and fan-out follow the layouts purejax uses: a linear weight is (d_in, d_out) and a conv kernel is
 HWIO (kh, kw, in, out), so fan_in = receptive field * shape[-2] and fan_out = receptive field * shape[-1]
@@ -19,16 +20,24 @@ Initializer = Callable[[PRNGKeyArray, Sequence[int], Any], Array]
 _TRUNCATED_NORMAL_STD = 0.87962566103423978
 
 
-def zeros(key: PRNGKeyArray, shape: Sequence[int], dtype: Any = jnp.float32) -> Array:
+def zeros() -> Initializer:
     """All zeros (biases; the adaLN-Zero modulation of DiT, so a block starts as the identity)."""
-    del key
-    return jnp.zeros(shape, dtype)
+
+    def init(key: PRNGKeyArray | None, shape: Sequence[int], dtype: Any = jnp.float32) -> Array:
+        del key  # deterministic; taken so that every initializer is called alike
+        return jnp.zeros(shape, dtype)
+
+    return init
 
 
-def ones(key: PRNGKeyArray, shape: Sequence[int], dtype: Any = jnp.float32) -> Array:
+def ones() -> Initializer:
     """All ones (norm scales)."""
-    del key
-    return jnp.ones(shape, dtype)
+
+    def init(key: PRNGKeyArray | None, shape: Sequence[int], dtype: Any = jnp.float32) -> Array:
+        del key
+        return jnp.ones(shape, dtype)
+
+    return init
 
 
 def normal(stddev: float = 1.0) -> Initializer:

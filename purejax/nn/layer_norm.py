@@ -1,7 +1,7 @@
 """Layer normalisation (Ba et al. 2016): normalise the last axis to zero mean and unit variance, then scale
 and shift. Computed in float32 whatever the input dtype, and returned in the input dtype.
 
-params: {"scale": (d,), "bias": (d,)}; "bias" is absent when bias=False (nanoGPT's `bias=False` option).
+params: {"scale": (d_model,), "bias": (d_model,)}; "bias" is absent when bias=False (nanoGPT's `bias=False` option).
 """
 
 from typing import Any
@@ -15,19 +15,22 @@ from purejax.nn._check import check_dim, check_keys
 Params = dict[str, Array]
 
 
-def init(key: PRNGKeyArray | None, d: int, *, bias: bool = True, dtype: Any = jnp.float32) -> Params:
+def init(key: PRNGKeyArray | None, d_model: int, *, bias: bool = True, dtype: Any = jnp.float32) -> Params:
     """scale ones, bias zeros. `key` is unused; every init takes one so all layers compose the same way."""
     del key
-    if d <= 0:
-        raise ValueError(f"layer_norm.init: d must be positive, got {d}")
-    params = {"scale": jnp.ones((d,), dtype)}
+    if d_model <= 0:
+        raise ValueError(f"layer_norm.init: d_model must be positive, got {d_model}")
+    params = {"scale": jnp.ones((d_model,), dtype)}
     if bias:
-        params["bias"] = jnp.zeros((d,), dtype)
+        params["bias"] = jnp.zeros((d_model,), dtype)
     return params
 
 
-def apply(params: Params, x: Float[ArrayLike, "*batch d"], *, eps: float = 1e-5) -> Float[Array, "*batch d"]:
+def apply(
+    params: Params, x: Float[ArrayLike, "*batch d_model"], *, eps: float = 1e-5
+) -> Float[Array, "*batch d_model"]:
     """(x - mean) / sqrt(var + eps) * scale + bias over the last axis; biased variance, eps 1e-5, as torch."""
+    x = jnp.asarray(x)
     check_keys(params, "layer_norm", required=("scale",), optional=("bias",))
     check_dim("layer_norm", "x", x, -1, params["scale"].shape[0], f"params['scale'] of shape {params['scale'].shape}")
     x32 = x.astype(jnp.promote_types(x.dtype, jnp.float32))

@@ -46,6 +46,7 @@ def apply(
 ) -> Float[Array, "*batch d_out"]:
     """x @ w (+ b) over the last axis of `x`; any leading axes are kept. With `axis_name`, row-parallel (see
     the module docstring): the result is summed over that mesh axis before the bias."""
+    x = jnp.asarray(x)
     check_keys(params, "linear", required=("w",), optional=("b",))
     check_dim("linear", "x", x, -1, params["w"].shape[0], f"params['w'] of shape {tuple(params['w'].shape)}")
     y = matmul_rows(x, params["w"])  # x @ w, as one 2-D product: see _matmul.py for why

@@ -1,6 +1,7 @@
 """Pooling over NHWC images: average and max over sliding windows, and the global average over H and W.
 
-No parameters, so no init: these are plain functions like the activations.
+No parameters, so no init: these are plain functions like the activations. The window size is positional (a
+size, like a layer's sizes in init); stride and padding are keyword-only options, as in `conv.apply`.
 
 Padding for `avg_pool` does not count: a window that hangs over the border averages only the real pixels it
 covers (TensorFlow's SAME average pooling, torch's `count_include_pad=False`), so border outputs are not pulled
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float
+from jaxtyping import Array, ArrayLike, Float
 
 from purejax.nn._spatial import Padding, resolve_padding, to_pair
 
@@ -38,15 +39,16 @@ def _window_args(
 
 
 def avg_pool(
-    x: Float[Array, "*batch height width channels"],
+    x: Float[ArrayLike, "*batch height width channels"],
     window: int | Sequence[int],
+    *,
     stride: int | Sequence[int] | None = None,
     padding: Padding = "VALID",
-    *,
     count_include_pad: bool = False,
 ) -> Float[Array, "*batch out_height out_width channels"]:
     """Mean over each `window` (an int or (height, width)), moved by `stride` (default: the window, so
     windows do not overlap). Padding as in `conv.apply`. Sums in float32, returns the input dtype."""
+    x = jnp.asarray(x)
     dims, strides, pads = _window_args("avg_pool", x, window, stride, padding)
     x32 = x.astype(jnp.promote_types(x.dtype, jnp.float32))
     total = jax.lax.reduce_window(x32, 0.0, jax.lax.add, dims, strides, pads)
@@ -59,18 +61,21 @@ def avg_pool(
 
 
 def max_pool(
-    x: Float[Array, "*batch height width channels"],
+    x: Float[ArrayLike, "*batch height width channels"],
     window: int | Sequence[int],
+    *,
     stride: int | Sequence[int] | None = None,
     padding: Padding = "VALID",
 ) -> Float[Array, "*batch out_height out_width channels"]:
     """Maximum over each `window`, moved by `stride` (default: the window). Padded positions are -inf."""
+    x = jnp.asarray(x)
     dims, strides, pads = _window_args("max_pool", x, window, stride, padding)
     return jax.lax.reduce_window(x, jnp.array(-jnp.inf, x.dtype), jax.lax.max, dims, strides, pads)
 
 
-def global_avg_pool(x: Float[Array, "*batch height width channels"]) -> Float[Array, "*batch channels"]:
+def global_avg_pool(x: Float[ArrayLike, "*batch height width channels"]) -> Float[Array, "*batch channels"]:
     """Mean over height and width (the last step of MobileNet and ResNet before the classifier), in float32."""
+    x = jnp.asarray(x)
     if x.ndim < 3:
         raise ValueError(f"global_avg_pool: x must be (*batch, height, width, channels), got shape {tuple(x.shape)}")
     return jnp.mean(x.astype(jnp.promote_types(x.dtype, jnp.float32)), axis=(-3, -2)).astype(x.dtype)

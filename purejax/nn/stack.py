@@ -1,5 +1,7 @@
 """Stacks of identical blocks, run either way: `lax.scan` over params stacked on a leading layer axis, or a
-Python loop over a list of per-layer params. Both give the same result; the helpers convert between them.
+Python loop over a list of per-layer params. Both compute the same function and agree to float32 rounding, but
+not always bit for bit: XLA may fuse an unrolled loop differently from a scan body (the GPT's two forms differ in
+the last bits). The helpers convert between the two layouts losslessly.
 
     blocks = stack.init(key, n_layer, lambda k: block_init(k, config))  # every leaf gets a leading n_layer axis
     x = stack.scan(lambda p, x: block_apply(p, x, config), blocks, x)    # one traced block, any depth
@@ -18,6 +20,7 @@ stack returns `(x, ys)`, `ys` stacked along the layer axis: the scan body gets a
 its new cache. Without `xs`, it is `block_apply(layer_params, x) -> x` and the stack returns `x`.
 """
 
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,6 +29,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Key, PRNGKeyArray, UInt32
 
 from purejax import tree as tree_lib
+from purejax.nn._check import check_same_leading_axis
 
 PyTree = Any
 
@@ -44,17 +48,7 @@ def init(key: PRNGKeyArray, n: int, init_fn: Callable[[PRNGKeyArray], PyTree]) -
 
 def depth(stacked: PyTree, name: str = "stacked") -> int:
     """The length of the leading layer axis, which every leaf of `stacked` must share."""
-    flat = tree_lib.flatten(stacked)
-    if not flat:
-        raise ValueError(f"stack: {name} has no arrays, so it has no layer axis")
-    sizes = {path: (leaf.shape[0] if getattr(leaf, "ndim", 0) else None) for path, leaf in flat.items()}
-    if len(set(sizes.values())) != 1 or None in sizes.values():
-        listing = ", ".join(f"{p}: {tree_lib.describe(flat[p])}" for p in sizes)
-        raise ValueError(
-            f"stack: every leaf of {name} needs the same leading layer axis, got {listing}; "
-            f"build it with stack.init or stack.stack"
-        )
-    return next(iter(sizes.values()))
+    return check_same_leading_axis("stack", stacked, name, hint="build it with stack.init or stack.stack")
 
 
 def scan(
@@ -75,8 +69,9 @@ def scan(
 
 
 def loop(block_apply: Callable[..., Any], layers: Sequence[PyTree], x: PyTree, *, xs: PyTree = None) -> Any:
-    """The same as `scan`, as a Python loop over a list of per-layer params. `xs` is still stacked (leading
-    layer axis) and `ys` comes back stacked, so `scan` and `loop` are called alike and return alike."""
+    """The same function as `scan` (equal to float32 rounding), as a Python loop over a list of per-layer
+    params. `xs` is still stacked (leading layer axis) and `ys` comes back stacked, so `scan` and `loop` are
+    called alike and return alike."""
     _check_layers("stack.loop", layers)
     if xs is None:
         for params in layers:
@@ -85,7 +80,7 @@ def loop(block_apply: Callable[..., Any], layers: Sequence[PyTree], x: PyTree, *
     _check_xs(xs, len(layers))
     ys = []
     for i, params in enumerate(layers):
-        x, y = block_apply(params, x, jax.tree.map(lambda a: a[i], xs))
+        x, y = block_apply(params, x, jax.tree.map(operator.itemgetter(i), xs))
         ys.append(y)
     return x, jax.tree.map(lambda *a: jnp.stack(a), *ys)
 
@@ -102,7 +97,7 @@ def stack(layers: Sequence[PyTree]) -> PyTree:
 
 def unstack(stacked: PyTree) -> list[PyTree]:
     """The inverse of `stack`: a list of per-layer params, slice i of every leaf in layer i."""
-    return [jax.tree.map(lambda a: a[i], stacked) for i in range(depth(stacked))]
+    return [jax.tree.map(operator.itemgetter(i), stacked) for i in range(depth(stacked))]
 
 
 def _check_layers(where: str, layers: Any) -> None:

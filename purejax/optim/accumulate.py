@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Int, PRNGKeyArray
 
 from purejax import tree as tree_lib
-from purejax.optim.base import GradientTransformation, PyTree, safe_increment, zero_count
+from purejax.optim.base import GradientTransformation, PyTree, extra_args_for, safe_increment, zero_count
 
 
 def split_micro_batches(batch: PyTree, micro_batches: int) -> PyTree:
@@ -45,7 +45,9 @@ def accumulate_gradients(
 
     With equal-sized micro-batches and a loss that is a mean over examples, this is the gradient of the loss on
     the whole batch (up to float rounding). Each micro-batch gets its own key, split from `key`. Gradients are
-    summed in float32 (at least) and returned in the params' dtypes.
+    summed in float32 (at least) and returned in the params' dtypes. Floating `aux` leaves are averaged the
+    same way; integer and bool leaves have no mean in their own dtype and are the last micro-batch's, so that
+    `aux` has the same dtypes whatever `micro_batches` is.
     """
     if micro_batches == 1:
         return grad_fn(params, batch, key)
@@ -61,7 +63,14 @@ def accumulate_gradients(
 
     total, auxes = jax.lax.scan(body, total, (stacked, jax.random.split(key, micro_batches)))
     grads = jax.tree_util.tree_map(lambda t, p: (t / micro_batches).astype(p.dtype), total, params)
-    return grads, jax.tree_util.tree_map(lambda a: jnp.mean(a, axis=0), auxes)
+    return grads, jax.tree_util.tree_map(_mean_or_last, auxes)
+
+
+def _mean_or_last(stacked: Array) -> Array:
+    """The mean over the leading (micro-batch) axis, in float32 at least, for a floating array; else the last."""
+    if not jnp.issubdtype(stacked.dtype, jnp.floating):
+        return stacked[-1]
+    return jnp.mean(stacked.astype(jnp.promote_types(stacked.dtype, jnp.float32)), axis=0).astype(stacked.dtype)
 
 
 class MultiStepsState(NamedTuple):
@@ -78,7 +87,8 @@ def multi_steps(optimizer: Any, every_k: int) -> GradientTransformation:
     """`optimizer` applied to the mean gradient of every `every_k` consecutive calls; zero updates between.
 
     The same updates as `optax.MultiSteps(optimizer, every_k).gradient_transformation()`, but the wrapped
-    optimizer only runs on the k-th call (`lax.cond`) instead of on every call."""
+    optimizer only runs on the k-th call (`lax.cond`) instead of on every call. Extra keyword arguments of
+    `update` (`value=`) go to the wrapped optimizer on that call, as `chain` passes them."""
     if every_k < 1:
         raise ValueError(f"multi_steps: every_k must be a positive integer, got {every_k}")
 
@@ -86,14 +96,16 @@ def multi_steps(optimizer: Any, every_k: int) -> GradientTransformation:
         grads = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
         return MultiStepsState(zero_count(), zero_count(), optimizer.init(params), grads)
 
-    def update(updates: PyTree, state: MultiStepsState, params: PyTree = None) -> tuple[PyTree, MultiStepsState]:
+    def update(
+        updates: PyTree, state: MultiStepsState, params: PyTree = None, **extra_args: Any
+    ) -> tuple[PyTree, MultiStepsState]:
         # A running mean, `mean + (g - mean) / n`, as optax keeps it: the sum of k large gradients may overflow.
         mean = jax.tree_util.tree_map(lambda g, m: m + (g - m) / (state.mini_step + 1), updates, state.grads)
         emit = state.mini_step == every_k - 1
 
         def apply(mean: PyTree) -> tuple[PyTree, PyTree]:
             grads = jax.tree_util.tree_map(lambda m, g: m.astype(g.dtype), mean, updates)
-            return optimizer.update(grads, state.inner, params)
+            return optimizer.update(grads, state.inner, params, **extra_args_for(optimizer.update, extra_args))
 
         def wait(mean: PyTree) -> tuple[PyTree, PyTree]:
             shapes = jax.eval_shape(apply, mean)[0]

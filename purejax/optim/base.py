@@ -7,12 +7,16 @@ A gradient transformation turns gradients into updates and carries a state from 
     params = apply_updates(params, updates)
 
 This is optax's calling convention, so an optax transform can sit in a purejax `chain` and a purejax transform in
-an `optax.chain`. States are plain pytrees (they checkpoint as they are). Where purejax builds the structure it
-names the fields: a NamedTuple per transform, and `chain` keys its parts by the names you give, so a checkpoint
-path reads `adam.mu.blocks.attn.qkv.w` rather than optax's `0.mu.blocks.attn.qkv.w`.
+an `optax.chain`. As in optax, `update` may take extra keyword arguments, e.g. `value=loss` for
+`optax.contrib.reduce_on_plateau`: `chain` hands each part the ones its `update` accepts (`extra_args_for`).
+
+States are plain pytrees (they checkpoint as they are). Where purejax builds the structure it names the fields:
+a NamedTuple per transform, and `chain` keys its parts by the names you give, so a checkpoint path reads
+`adam.mu.blocks.attn.qkv.w` rather than optax's `0.mu.blocks.attn.qkv.w`.
 """
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -30,7 +34,8 @@ class GradientTransformation(NamedTuple):
     """A pure optimizer component: `init(params) -> state`, `update(updates, state, params) -> (updates, state)`.
 
     The same two fields, in the same order, as `optax.GradientTransformation`, so either library's `chain`
-    accepts the other's transforms."""
+    accepts the other's transforms. An `update` that needs more than the gradients (the loss, for a
+    plateau-based rate) takes it as a keyword argument: `update(updates, state, params, value=loss)`."""
 
     init: Callable[[PyTree], PyTree]
     update: Callable[..., tuple[PyTree, PyTree]]
@@ -65,6 +70,9 @@ def chain(*transforms: Any, **named: Any) -> GradientTransformation:
 
     Keyword arguments are named parts (their state is found under that name); positional ones, e.g. optax
     transforms you do not care to name, are named by their position ("0", "1", ...) and run first.
+
+    `update(updates, state, params, **extra_args)` passes each part the extra keyword arguments it accepts, as
+    `optax.chain` does: `chain(optax.contrib.reduce_on_plateau(), ...).update(g, s, p, value=loss)`.
     """
     parts = {str(i): t for i, t in enumerate(transforms)}
     for name, transform in named.items():
@@ -77,7 +85,9 @@ def chain(*transforms: Any, **named: Any) -> GradientTransformation:
     def init(params: PyTree) -> dict[str, PyTree]:
         return {name: t.init(params) for name, t in parts.items()}
 
-    def update(updates: PyTree, state: dict[str, PyTree], params: PyTree = None) -> tuple[PyTree, dict[str, PyTree]]:
+    def update(
+        updates: PyTree, state: dict[str, PyTree], params: PyTree = None, **extra_args: Any
+    ) -> tuple[PyTree, dict[str, PyTree]]:
         if not isinstance(state, dict) or set(state) != set(parts):  # jax sorts dict keys: compare as sets
             got = list(state) if isinstance(state, dict) else type(state).__name__
             raise ValueError(
@@ -86,7 +96,7 @@ def chain(*transforms: Any, **named: Any) -> GradientTransformation:
             )
         new_state = {}
         for name, t in parts.items():
-            updates, new_state[name] = t.update(updates, state[name], params)
+            updates, new_state[name] = t.update(updates, state[name], params, **extra_args_for(t.update, extra_args))
         return updates, new_state
 
     return GradientTransformation(init, update)
@@ -101,6 +111,25 @@ def _check_part(name: str, transform: Any) -> None:
             f"chain part {name!r} is a {type(transform).__name__}, not a gradient transformation with "
             f"init and update{hint}"
         )
+
+
+def extra_args_for(update: Callable, extra_args: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of `extra_args` that `update` accepts: all of them if it takes `**kwargs`, as optax's
+    `GradientTransformationExtraArgs` do, else those it names (none for a plain `update(updates, state, params)`).
+
+    `optax.chain` decides this by the transform's type (`with_extra_args_support`); reading the signature makes
+    the same choice without importing optax, for a transform from any library. A callable whose signature
+    cannot be read gets none."""
+    if not extra_args:
+        return {}
+    try:
+        parameters = inspect.signature(update).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return dict(extra_args)
+    named = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return {k: v for k, v in extra_args.items() if k in named}
 
 
 def apply_updates(params: PyTree, updates: PyTree) -> PyTree:

@@ -69,7 +69,11 @@ def param_ema(decay: ArrayLike | Schedule, debias: bool = False, dtype: DTypeLik
 
     def update(state: ParamEMAState, params: PyTree) -> ParamEMAState:
         d = decay(state.count) if callable(decay) else decay  # a Python float stays one: 1 - d rounds as optax's
-        average = jax.tree_util.tree_map(lambda p, a: ((1 - d) * p + d * a).astype(a.dtype), params, state.average)
+        # p in the average's dtype first: a weakly typed `1 - d` times a bfloat16 p would round the product to
+        # bfloat16 (0.01 becomes 0.010009765625), and the average of a constant 1.0 would settle at 1.00097.
+        average = jax.tree_util.tree_map(
+            lambda p, a: ((1 - d) * p.astype(a.dtype) + d * a).astype(a.dtype), params, state.average
+        )
         return ParamEMAState(safe_increment(state.count), average)
 
     def value(state: ParamEMAState) -> PyTree:

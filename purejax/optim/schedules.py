@@ -134,22 +134,58 @@ def one_cycle(
     div_factor: ArrayLike = 25.0,
     final_div_factor: ArrayLike = 1e4,
 ) -> Schedule:
-    """Smith & Topin's one-cycle policy with cosine annealing (torch's `OneCycleLR` learning rate,
-    `optax.cosine_onecycle_schedule`): from `peak / div_factor` up to `peak` over the first `pct_start` of
-    `total_steps`, then down to `peak / (div_factor * final_div_factor)`."""
+    """Smith & Topin's one-cycle policy with cosine annealing, as `optax.cosine_onecycle_schedule`: from
+    `peak / div_factor` up to `peak` at step `int(pct_start * total_steps)`, then down to
+    `peak / (div_factor * final_div_factor)` at step `total_steps`.
+
+    torch's `OneCycleLR` peaks and ends one step earlier (at `pct_start * total_steps - 1` and
+    `total_steps - 1`): that schedule is `one_cycle_torch`."""
     if total_steps <= 0:
         raise ValueError(f"one_cycle: total_steps must be positive, got {total_steps}")
-    start, peak_step = peak_value / div_factor, int(pct_start * total_steps)
+    peak_step = int(pct_start * total_steps)
+    return _one_cycle(peak_value, div_factor, final_div_factor, peak_step, total_steps, up=max(peak_step, 1))
+
+
+def one_cycle_torch(
+    total_steps: int,
+    peak_value: ArrayLike,
+    pct_start: ArrayLike = 0.3,
+    div_factor: ArrayLike = 25.0,
+    final_div_factor: ArrayLike = 1e4,
+) -> Schedule:
+    """torch's `OneCycleLR(max_lr=peak_value, total_steps=...)` learning rate (cosine annealing, two phases):
+    the cosine rises from `peak / div_factor` to `peak` at step `pct_start * total_steps - 1` (a float step, as
+    torch computes it) and falls to `peak / (div_factor * final_div_factor)` at step `total_steps - 1`, the
+    last step torch allows; held there afterwards. Only the rate: torch also cycles the momentum (Adam's b1)
+    unless `cycle_momentum=False`."""
+    if total_steps <= 1:
+        raise ValueError(f"one_cycle_torch: total_steps must be at least 2, got {total_steps}")
+    peak_step = float(pct_start * total_steps) - 1
+    return _one_cycle(peak_value, div_factor, final_div_factor, peak_step, total_steps - 1, up=peak_step)
+
+
+def _one_cycle(
+    peak_value: ArrayLike,
+    div_factor: ArrayLike,
+    final_div_factor: ArrayLike,
+    peak_step: float,
+    end_step: int,
+    up: float,
+) -> Schedule:
+    """Cosine up from `peak / div_factor` over `up` steps to `peak` at `peak_step`, cosine down to the end value
+    at `end_step`, then the end value."""
+    start = peak_value / div_factor
     end = start / final_div_factor
-    up, down = max(peak_step, 1), max(total_steps - peak_step, 1)
+    down = max(end_step - peak_step, 1)
 
     def cosine(a: ArrayLike, b: ArrayLike, fraction: Float[Array, "*batch"]) -> Float[Array, "*batch"]:
         return b + (a - b) / 2.0 * (jnp.cos(jnp.pi * fraction) + 1)
 
     def schedule(count: ArrayLike) -> Float[Array, "*batch"]:
-        rising = cosine(start, peak_value, count / up)
+        count = jnp.asarray(count)
+        rising = cosine(start, peak_value, count / up) if up > 0 else peak_value
         falling = cosine(peak_value, end, (count - peak_step) / down)
-        value = jnp.where(count < peak_step, rising, jnp.where(count < total_steps, falling, end))
+        value = jnp.where(count < peak_step, rising, jnp.where(count < end_step, falling, end))
         return _f32(value)
 
     return schedule

@@ -21,17 +21,20 @@ class TraceState(NamedTuple):
     trace: PyTree
 
 
-def trace(decay: ArrayLike, nesterov: bool = False, dtype: DTypeLike | None = None) -> GradientTransformation:
+def trace(
+    decay: ArrayLike, nesterov: bool = False, accumulator_dtype: DTypeLike | None = None
+) -> GradientTransformation:
     """Momentum: keep `trace = updates + decay * trace` and emit it (or, with `nesterov`, look one step ahead).
 
     Arguments:
         decay: the momentum coefficient (torch's `momentum`), typically 0.9.
         nesterov: emit `updates + decay * trace` instead of the trace.
-        dtype: the buffer's dtype (e.g. bfloat16 to halve its memory); default: each parameter's dtype.
+        accumulator_dtype: the buffer's dtype (e.g. bfloat16 to halve its memory; optax's name); default: each
+            parameter's dtype. The update is computed before the buffer is rounded to it.
     """
 
     def init(params: PyTree) -> TraceState:
-        return TraceState(jax.tree_util.tree_map(lambda p: jnp.zeros_like(p, dtype=dtype), params))
+        return TraceState(jax.tree_util.tree_map(lambda p: jnp.zeros_like(p, dtype=accumulator_dtype), params))
 
     def update(updates: PyTree, state: TraceState, params: PyTree = None) -> tuple[PyTree, TraceState]:
         del params
@@ -46,12 +49,19 @@ def trace(decay: ArrayLike, nesterov: bool = False, dtype: DTypeLike | None = No
 
 
 def sgd(
-    learning_rate: ArrayLike | Schedule, momentum: ArrayLike | None = None, nesterov: bool = False
+    learning_rate: ArrayLike | Schedule,
+    momentum: ArrayLike | None = None,
+    nesterov: bool = False,
+    accumulator_dtype: DTypeLike | None = None,
 ) -> GradientTransformation:
     """SGD, as `torch.optim.SGD(lr, momentum, nesterov=...)` without dampening or weight decay (chain
-    `add_decayed_weights` before the learning rate for that). State paths: `momentum.trace.*`, `lr.*`."""
-    if nesterov and momentum is None:
-        raise ValueError("sgd(nesterov=True) needs a momentum value, e.g. momentum=0.9")
+    `add_decayed_weights` before the learning rate for that). `accumulator_dtype`: the momentum buffer's
+    dtype, as in `trace`. State paths: `momentum.trace.*`, `lr.*`."""
     if momentum is None:
+        if nesterov or accumulator_dtype is not None:
+            raise ValueError(
+                "sgd(nesterov=True) and sgd(accumulator_dtype=...) apply to the momentum buffer: give a momentum "
+                "value, e.g. momentum=0.9"
+            )
         return chain(lr=scale_by_learning_rate(learning_rate))
-    return chain(momentum=trace(momentum, nesterov), lr=scale_by_learning_rate(learning_rate))
+    return chain(momentum=trace(momentum, nesterov, accumulator_dtype), lr=scale_by_learning_rate(learning_rate))

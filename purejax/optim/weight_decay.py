@@ -4,12 +4,13 @@ which parameters it applies to.
 A mask is either a pytree of Python bools shaped like the params, or a predicate `(path, leaf) -> bool` asked
 once per leaf, e.g. nanoGPT's rule "decay matrices and embeddings, not biases or norm gains":
 
-    adamw(3e-4, weight_decay=0.1, mask=lambda path, p: p.ndim >= 2)
+    adamw(3e-4, weight_decay=0.1, mask=ndim_at_least(2))
+    adamw(3e-4, weight_decay=0.1, mask=ndim_at_least(2, stacked=("blocks",)))   # blocks under lax.scan
 
 (optax's callable mask takes the whole params tree instead; pass a tree here if you already have one.)
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -65,8 +66,27 @@ def add_decayed_weights(weight_decay: ArrayLike, mask: Mask = None) -> GradientT
     return stateless(decay)
 
 
-def ndim_at_least(n: int) -> Callable[[str, Any], bool]:
-    """A mask predicate selecting leaves with at least `n` dimensions (`ndim_at_least(2)`: nanoGPT's rule for
-    per-layer params). Leaves stacked on a leading layer axis (`purejax.nn.stack`, the GPT's "blocks") carry one
-    more dimension, so there their LayerNorm scales count as 2-D: purejax/train/gpt.py's `decays` discounts that axis."""
-    return lambda path, leaf: leaf.ndim >= n
+def ndim_at_least(n: int, *, stacked: Sequence[str] = ()) -> Callable[[str, Any], bool]:
+    """A mask predicate selecting the leaves with at least `n` dimensions per layer.
+
+    `ndim_at_least(2)` is nanoGPT's rule: decay weight matrices and embeddings, not biases or norm scales.
+    Blocks stacked for `lax.scan` (`purejax.nn.stack`, the GPT's "blocks") give every leaf under them a leading
+    layer axis, which would make their LayerNorm scales 2-D: name those subtrees in `stacked` and their leading
+    axis is not counted (a leaf under two stacked prefixes, a stack in a stack, loses two axes).
+
+    Arguments:
+        n: the least number of dimensions (per layer) of a selected leaf.
+        stacked: dotted paths of the subtrees whose leaves carry a leading layer axis, e.g. `("blocks",)`.
+    """
+    prefixes = (stacked,) if isinstance(stacked, str) else tuple(stacked)
+
+    def predicate(path: str, leaf: Any) -> bool:
+        layer_axes = sum(path == p or path.startswith(p + ".") for p in prefixes)
+        if leaf.ndim < layer_axes:
+            raise ValueError(
+                f"ndim_at_least(stacked={prefixes}): {path} has shape {tuple(leaf.shape)}, so it has no leading "
+                f"layer axis to discount: is it really under a stacked subtree?"
+            )
+        return leaf.ndim - layer_axes >= n
+
+    return predicate

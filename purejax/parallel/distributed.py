@@ -1,5 +1,5 @@
-"""Multi-process runs: start `jax.distributed` from flags or the environment, say which process is the main
-one, and build the global batch from the rows each process loads itself.
+"""Multi-process runs: join `jax.distributed` under the launcher that started the processes, say which process
+is the main one, and build the global batch from the rows each process loads itself.
 
 One program runs as N processes (one per host, or several on one host); each drives its local devices, and
 `jax.devices()` lists the devices of all of them. Every process runs the same program: the same jitted steps,
@@ -14,14 +14,15 @@ so the same collectives in the same order. What differs is only
 
     from purejax.parallel import distributed
 
-    distributed.initialize()    # first, before any other JAX call; a no-op when no settings are given
+    distributed.initialize()    # first, before any other JAX call; a no-op in a single-process run
     ...
     rows = distributed.local_rows(batch_sharding, (global_batch_size, seq_len))
     batch = distributed.global_batch({"tokens": tokens[rows.start:rows.stop]}, batch_sharding, global_batch_size)
 
-Settings come from the arguments of `initialize`, else from these environment variables (so a launcher, a
-cluster script or `python -m purejax.parallel.launch` can set them for a program that knows nothing of
-them):
+Where the settings come from, first match wins: the arguments of `initialize`; these environment variables
+(which `python -m purejax.parallel.launch` sets, and a cluster script may); else the launcher that started the
+process, `srun` (Slurm) or `mpirun` (Open MPI), through `jax.distributed.initialize()`'s own detection
+(purejax/parallel/cluster.py); else one process.
 
 | variable | meaning |
 |---|---|
@@ -29,7 +30,7 @@ them):
 | `PUREJAX_NUM_PROCESSES` | how many processes take part |
 | `PUREJAX_PROCESS_ID` | this process's id, `0 .. N-1` |
 | `PUREJAX_INIT_TIMEOUT` | seconds to wait for every process to connect (JAX's default: 300) |
-| `PUREJAX_HEARTBEAT_TIMEOUT` | seconds without a heartbeat after which a process counts as dead (default 100) |
+| `PUREJAX_HEARTBEAT_TIMEOUT` | seconds without a heartbeat after which a process counts as dead (20 here; JAX's 100) |
 | `PUREJAX_SHUTDOWN_TIMEOUT` | seconds a finishing process waits for the others at exit (default 300) |
 
 See docs/multihost.md for launching, and for what a dead peer looks like.
@@ -42,6 +43,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from purejax.parallel import cluster
+
 ENV_COORDINATOR = "PUREJAX_COORDINATOR"
 ENV_NUM_PROCESSES = "PUREJAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "PUREJAX_PROCESS_ID"
@@ -49,6 +52,11 @@ ENV_INIT_TIMEOUT = "PUREJAX_INIT_TIMEOUT"
 ENV_HEARTBEAT_TIMEOUT = "PUREJAX_HEARTBEAT_TIMEOUT"
 ENV_SHUTDOWN_TIMEOUT = "PUREJAX_SHUTDOWN_TIMEOUT"
 JAX_ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"  # read by jax.distributed.initialize itself
+# JAX declares a process dead after 100 s of silence; a survivor then waits that long in its next collective.
+# Heartbeats come from a thread of JAX's runtime, not from Python, so a long compile or step does not delay
+# them: 20 s only has to outlast a network hiccup, and it ends a run with a dead peer within the launcher's
+# 30 s failure grace.
+DEFAULT_HEARTBEAT_TIMEOUT = 20
 
 PyTree = Any
 
@@ -61,7 +69,7 @@ def initialize(
     initialization_timeout: int | None = None,
     heartbeat_timeout_seconds: int | None = None,
     shutdown_timeout_seconds: int | None = None,
-    auto_detect: bool = False,
+    auto_detect: bool | None = None,
 ) -> None:
     """Join a multi-process JAX run, or do nothing for a single process.
 
@@ -76,45 +84,55 @@ def initialize(
         initialization_timeout: seconds to wait for all processes to connect. Defaults to
             `$PUREJAX_INIT_TIMEOUT`, then JAX's default (300).
         heartbeat_timeout_seconds: a process silent for this long counts as dead, and every other process
-            then aborts. Defaults to `$PUREJAX_HEARTBEAT_TIMEOUT`, then JAX's default (100).
+            then aborts. Defaults to `$PUREJAX_HEARTBEAT_TIMEOUT`, then `DEFAULT_HEARTBEAT_TIMEOUT` (20).
         shutdown_timeout_seconds: how long a finishing process waits for the others at exit. Defaults to
             `$PUREJAX_SHUTDOWN_TIMEOUT`, then JAX's default (300).
-        auto_detect: let JAX fill in whatever is not given from the cluster it runs on (Cloud TPU pods,
-            Slurm, Open MPI, Kubernetes): `jax.distributed.initialize()`'s own detection.
+        auto_detect: None (the default) joins the run that `srun` or `mpirun` started, when one started this
+            process as one of several, letting `jax.distributed.initialize()` detect what is not given. True
+            always hands over to JAX's detection (Cloud TPU pods, Kubernetes: environments only JAX can
+            query); False never, so only the settings above count.
 
-    With none of the three settings given (and no `auto_detect`), or with `num_processes == 1`, this is a
-    no-op: a single-process program needs no coordinator. Giving only some of them is an error, since a
-    process that silently ran alone would train on a fraction of the data.
+    With no settings given and no launcher of several processes found, or with `num_processes == 1`, this is
+    a no-op: a single-process program needs no coordinator. Giving only some of the settings outside a
+    launch is an error, since a process that silently ran alone would train on a fraction of the data.
+    A process started by `python -m purejax.parallel.launch` also starts watching its launcher here, so that
+    it ends when the launcher does, even if the launcher is SIGKILLed.
     """
+    cluster.die_with_launcher()
     settings = {
         "coordinator_address": _setting(coordinator_address, str, ENV_COORDINATOR, JAX_ENV_COORDINATOR),
         "num_processes": _setting(num_processes, int, ENV_NUM_PROCESSES),
         "process_id": _setting(process_id, int, ENV_PROCESS_ID),
     }
-    timeouts = {
-        "initialization_timeout": _setting(initialization_timeout, int, ENV_INIT_TIMEOUT),
-        "heartbeat_timeout_seconds": _setting(heartbeat_timeout_seconds, int, ENV_HEARTBEAT_TIMEOUT),
-        "shutdown_timeout_seconds": _setting(shutdown_timeout_seconds, int, ENV_SHUTDOWN_TIMEOUT),
-    }
-    timeouts = {name: value for name, value in timeouts.items() if value is not None}  # else JAX's defaults
+    timeouts = _timeouts(initialization_timeout, heartbeat_timeout_seconds, shutdown_timeout_seconds)
     if jax.distributed.is_initialized():
         _check_same_run(settings)
         return
-    if not auto_detect:
-        if settings["num_processes"] == 1 or all(value is None for value in settings.values()):
+    launch = None if auto_detect is False else cluster.detect()
+    if auto_detect is not True:
+        if launch is not None and settings["num_processes"] is None and launch.num_processes > 1:
+            settings = _from_launch(settings, launch)
+        elif settings["num_processes"] == 1 or all(value is None for value in settings.values()):
             if settings["process_id"] not in (None, 0):
                 raise ValueError(f"initialize: process_id is {settings['process_id']} but num_processes is 1")
             return
-        _check_complete(settings)
+        else:
+            _check_complete(settings)
     try:
         jax.distributed.initialize(**settings, **timeouts)
-    except RuntimeError as e:  # also jax's own runtime errors: a coordinator that cannot be reached, a port in use
-        hint = (" Call purejax.parallel.initialize() first in your program, before anything (including code run "
-                "at import time) creates an array or asks for devices.") if "must be called before" in str(e) else ""  # fmt: skip
-        raise RuntimeError(
-            f"initialize(process {settings['process_id']} of {settings['num_processes']}, coordinator "
-            f"{settings['coordinator_address']}): {e}{hint}"
-        ) from e
+    except (RuntimeError, ValueError) as e:  # JAX's own: no coordinator, a port in use, nothing detected
+        raise _explained(e, settings, launch) from e
+
+
+def launched_process_count() -> int:
+    """How many processes this run will have, known before JAX starts: `$PUREJAX_NUM_PROCESSES`, else the
+    count that `srun` or `mpirun` gave (`SLURM_NTASKS`, `OMPI_COMM_WORLD_SIZE`), else 1. Once `initialize`
+    has run, `process_count()` is the count JAX agreed on."""
+    given = _setting(None, int, ENV_NUM_PROCESSES)
+    if given is not None:
+        return given
+    launch = cluster.detect()
+    return launch.num_processes if launch is not None else 1
 
 
 def process_index() -> int:
@@ -207,6 +225,46 @@ def _setting(value: Any, kind: type, *env_names: str) -> Any:
     return None
 
 
+def _from_launch(settings: dict[str, Any], launch: cluster.Launch) -> dict[str, Any]:
+    """The settings for a run that `srun` or `mpirun` started. Where JAX's detection reads everything itself,
+    what was not given stays None for it to fill in; Open MPI 5 names no coordinator that JAX can read, so
+    the counts are passed on and the coordinator must be given."""
+    if launch.jax_detects:
+        return settings
+    if settings["coordinator_address"] is None:
+        raise ValueError(
+            f"initialize: this is process {launch.process_id} of {launch.num_processes} started by "
+            f"{launch.launcher}, but JAX finds the coordinator only through ${cluster.OPEN_MPI_URI}, which this "
+            f"Open MPI (version 5 or later) does not set; give ${ENV_COORDINATOR}=<host of rank 0>:<free port> to "
+            "every process (mpirun -x), or coordinator_address"
+        )
+    return {**settings, "num_processes": launch.num_processes, "process_id": launch.process_id}
+
+
+def _explained(error: Exception, settings: Mapping[str, Any], launch: cluster.Launch | None) -> Exception:
+    """JAX's error from `jax.distributed.initialize`, prefixed with who this process is and how it was started."""
+    who, count = settings["process_id"], settings["num_processes"]
+    if launch is not None:
+        who, count = (launch.process_id if who is None else who), (launch.num_processes if count is None else count)
+    how = f" started by {launch.launcher}" if launch else ""
+    first = "must be called before" in str(error)
+    hint = (" Call purejax.parallel.initialize() first in your program, before anything (including code run at "
+            "import time) creates an array or asks for devices.") if first else ""  # fmt: skip
+    message = f"initialize(process {who} of {count}{how}, coordinator {settings['coordinator_address']}): {error}{hint}"
+    return (ValueError if isinstance(error, ValueError) else RuntimeError)(message)
+
+
+def _timeouts(initialization: int | None, heartbeat: int | None, shutdown: int | None) -> dict[str, int]:
+    """The timeouts given or set in the environment; JAX's defaults for the rest, except the heartbeat's."""
+    heartbeat = _setting(heartbeat, int, ENV_HEARTBEAT_TIMEOUT)
+    timeouts = {
+        "initialization_timeout": _setting(initialization, int, ENV_INIT_TIMEOUT),
+        "heartbeat_timeout_seconds": DEFAULT_HEARTBEAT_TIMEOUT if heartbeat is None else heartbeat,
+        "shutdown_timeout_seconds": _setting(shutdown, int, ENV_SHUTDOWN_TIMEOUT),
+    }
+    return {name: value for name, value in timeouts.items() if value is not None}
+
+
 def _check_complete(settings: Mapping[str, Any]) -> None:
     env = {"coordinator_address": ENV_COORDINATOR, "num_processes": ENV_NUM_PROCESSES, "process_id": ENV_PROCESS_ID}
     missing = [f"{name} (or ${env[name]})" for name, value in settings.items() if value is None]
@@ -215,7 +273,8 @@ def _check_complete(settings: Mapping[str, Any]) -> None:
         raise ValueError(
             f"initialize: a multi-process run needs coordinator_address, num_processes and process_id, but only "
             f"{given} were given; also set {', '.join(missing)}, or none of them for a single-process run, or "
-            "pass auto_detect=True where JAX can read them from the cluster (TPU pod, Slurm, Open MPI, Kubernetes)"
+            "start the processes with srun or mpirun, or pass auto_detect=True where JAX can read them from the "
+            "cluster (Cloud TPU pod, Kubernetes)"
         )
     n, i = settings["num_processes"], settings["process_id"]
     if not 0 <= i < n:

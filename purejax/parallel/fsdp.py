@@ -11,10 +11,11 @@ slices it). Vectors (biases, LayerNorm scales) stay replicated: a tiny share of 
 would cost a collective's latency. `gather` is what a model calls inside `shard_map`: one `all_gather` per
 split leaf. Nothing is written for the gradients: under `jax.grad`, the transpose of `all_gather` is
 `psum_scatter`, which sums the gradient over the data shards and leaves each device its own slice, exactly
-ZeRO's reduce-scatter; the optimizer then updates that slice alone.
+ZeRO's reduce-scatter; the optimizer then updates that slice alone. `gathered` wraps one layer of a model so
+that its params are gathered inside it, one layer's at a time (purejax/models/gpt_parallel.py).
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -62,3 +63,16 @@ def gather(tree: PyTree, specs: PyTree, axis: str) -> PyTree:
 def layer_specs(specs: PyTree) -> PyTree:
     """The specs of one layer of stacked blocks: each spec without its leading (layer) entry."""
     return jax.tree_util.tree_map(lambda s: P(*s[1:]), specs, is_leaf=lambda x: isinstance(x, P))
+
+
+def gathered(layer: Callable[..., Any], specs: PyTree, axis: str) -> Callable[..., Any]:
+    """`layer(params, *args)` on its params all-gathered over `axis` first, under `jax.checkpoint`: nothing of
+    the layer is kept for the backward pass, which gathers the params again and recomputes the layer, so only
+    one layer's whole params exist at a time (ZeRO-3 with activation checkpointing). A finer policy that saved
+    every activation but the gathered params let XLA:CPU keep the gathered params of every layer alive
+    instead (jax 0.10.2). `specs` are one layer's (`layer_specs` of stacked blocks)."""
+
+    def on_gathered_params(params: PyTree, *args: Any) -> Any:
+        return layer(gather(params, specs, axis), *args)
+
+    return jax.checkpoint(on_gathered_params, policy=jax.checkpoint_policies.nothing_saveable)

@@ -11,11 +11,13 @@ tests run a 2-process x 2-device job on one CPU. Output lines are prefixed with 
 The launcher passes its first SIGTERM or SIGINT on to every process, so that a program which saves on a
 signal (like `train.gpt`) stops cleanly on a preemption notice; a second one kills them all. When one process
 fails, the others get `--failure_grace` seconds (30) to notice and exit on their own (JAX's heartbeats,
-`PUREJAX_HEARTBEAT_TIMEOUT`, make them abort), then they are killed: a process that died before joining the
-run would otherwise leave the others waiting in `initialize` for minutes. The wall-clock `--timeout` is the
-last resort against a hang: when it passes, every process still running is killed. The exit status is 0 when
-every process exited 0, 124 on a timeout, and otherwise the status of the process that failed first (a
-negative status -N, killed by signal N, is reported as 128 + N, as shells do).
+`PUREJAX_HEARTBEAT_TIMEOUT`, 20 s by default, make them abort), then they are killed: a process that died
+before joining the run would otherwise leave the others waiting in `initialize` for minutes. If the launcher
+itself is killed (SIGKILL, which it cannot pass on), its processes end with it: each watches a pipe that only
+the launcher holds open (`purejax.parallel.cluster.die_with_launcher`, started by `initialize`). The
+wall-clock `--timeout` is the last resort against a hang: when it passes, every process still running is
+killed. The exit status is 0 when every process exited 0, 124 on a timeout, and otherwise the status of the
+process that failed first (a negative status -N, killed by signal N, is reported as 128 + N, as shells do).
 
 On several hosts there is nothing to launch from one place: run the program once per host with the
 variables set (docs/multihost.md).
@@ -33,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from purejax.parallel import distributed
+from purejax.parallel import cluster, distributed
 
 TIMED_OUT = 124  # the exit status of coreutils' timeout(1)
 
@@ -88,6 +90,9 @@ def launch(
         base["XLA_FLAGS"] = f"{base.get('XLA_FLAGS', '')} {flag}".strip()
     base[distributed.ENV_COORDINATOR] = f"127.0.0.1:{_free_port()}"
     base[distributed.ENV_NUM_PROCESSES] = str(num_processes)
+    # Only this process holds the write end: when it ends, however it ends, the children read end-of-file.
+    watched, held = os.pipe()
+    base[cluster.ENV_LAUNCHER_PIPE] = f"{watched}:{os.fstat(watched).st_ino}"
     procs, readers, outputs = [], [], []
     deadline = time.monotonic() + timeout
     previous = _forward_signals_to(procs) if forward_signals else {}
@@ -95,7 +100,7 @@ def launch(
         for i in range(num_processes):
             proc = subprocess.Popen(
                 [sys.executable, *args], env={**base, distributed.ENV_PROCESS_ID: str(i)}, cwd=cwd,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", pass_fds=(watched,),
                 start_new_session=True,  # its own process group, so that killing it kills its children too
             )  # fmt: skip
             procs.append(proc)
@@ -112,9 +117,12 @@ def launch(
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        os.close(watched)
+        os.close(held)
     for reader in readers:
         reader.join(timeout=10)  # what is left in the pipe; a grandchild holding it open must not hang us
-    return [ProcessResult(i, code, "".join(lines), end) for i, (code, lines, end) in enumerate(zip(codes, outputs, ended))]
+    runs = enumerate(zip(codes, outputs, ended))
+    return [ProcessResult(i, code, "".join(lines), end) for i, (code, lines, end) in runs]
 
 
 def exit_status(results: Sequence[ProcessResult]) -> int:

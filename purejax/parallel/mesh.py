@@ -2,7 +2,7 @@
 
     mesh = make_mesh(dp=4, tp=2)               # 8 devices: 4 data-parallel groups of 2 tensor-parallel ones
     axes = MeshAxes.of(mesh, fsdp=False)       # MeshAxes(data="data", model="model", fsdp=False)
-    logits = gpt.apply(params, idx, config, axes=axes)   # inside jax.shard_map over `mesh`
+    logits = gpt_parallel.apply(params, idx, config, axes=axes)   # inside jax.shard_map over `mesh`
 
 Axis types. A mesh axis is Auto, Explicit or Manual (`jax.sharding.AxisType`); `jax.make_mesh` defaults to
 Explicit since jax 0.7 and to Auto before, so the type is always passed here. We use Auto: every computation
@@ -59,7 +59,8 @@ class MeshAxes:
     hashable (a static argument); `MeshAxes()` is one device, the model's plain single-device code.
 
     Arguments:
-        data: the axis the batch is split over (None: no data parallelism). The loss is averaged over it.
+        data: the axis the batch is split over (None: no data parallelism). The loss is averaged over it;
+            the gradients are summed over it by the training step (`sharded_train_step`), once per step.
         model: the axis heads, MLP units and vocabulary are split over (None: no tensor parallelism).
         fsdp: params (and so optimizer state) are also split over `data` at rest and gathered before use
             (ZeRO-3); needs `data`.

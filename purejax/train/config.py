@@ -1,18 +1,31 @@
-"""Configuration for training programs: a frozen dataclass of settings, presets as TOML files (plain data,
-never executed), and `--key=value` overrides from the command line, type-checked against the dataclass.
+"""The settings of a training program: a frozen dataclass whose fields say their default, range and meaning;
+presets as TOML files (plain data, never executed); `--key=value` overrides from the command line, type- and
+range-checked against the dataclass. Every program in `purejax.train` is configured this way.
 
-    config = parse_args(TrainConfig, ["--config=gpt_tiny", "--max_iters=200", "--compile=false"])
+    @dataclass(frozen=True)
+    class Settings:
+        lr: float = setting(1e-3, "the peak learning rate", above=0)
+        steps: int = setting(100, "optimizer steps", at_least=1)
 
-Order of precedence: the dataclass defaults, then the preset, then the overrides. An unknown key is an
-error that lists the valid keys; a value that does not parse as the field's type is an error that names
-the key, the value and the type. This replaces nanoGPT's `exec`-based configurator.
+        def __post_init__(self):
+            check_ranges(self)        # so a bad value fails before anything compiles
+
+    cfg = parse_args(Settings, ["--config=my.toml", "--steps=200"])
+
+Order of precedence: the dataclass defaults, then the preset, then the overrides. An unknown key is an error
+listing the valid keys; a value of the wrong type or outside its range is an error naming the key, the value
+and what was expected. `--help` (`command_line`) and the table in docs/train-gpt.md (`markdown_table`, checked
+by a test) are generated from the dataclass. This replaces nanoGPT's `exec`-based configurator.
 """
 
 import dataclasses
+import importlib
+import math
+import re
+import sys
 import tomllib
 import types
 import typing
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,6 +37,65 @@ class ConfigError(ValueError):
     """A configuration that cannot be used; the message says which key and why."""
 
 
+# ---------------------------------------------------------------- declaring settings
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """Where a number may lie: `at_least`/`at_most` are inclusive bounds, `above`/`below` exclusive."""
+
+    at_least: float | None = None
+    at_most: float | None = None
+    above: float | None = None
+    below: float | None = None
+
+    def holds(self, x: float) -> bool:
+        low = (self.at_least is None or x >= self.at_least) and (self.above is None or x > self.above)
+        return low and (self.at_most is None or x <= self.at_most) and (self.below is None or x < self.below)
+
+    def __str__(self) -> str:
+        bounds = [(">=", self.at_least), (">", self.above), ("<=", self.at_most), ("<", self.below)]
+        return " and ".join(f"{op} {_number(b)}" for op, b in bounds if b is not None)
+
+
+def setting(default: Any, help: str, **bounds: float) -> Any:
+    """A dataclass field with its line of `help` and, for numbers, its range (`at_least`, `at_most`, `above`,
+    `below`: see `Range`), both read by `check_ranges`, `help_text` and `markdown_table`."""
+    return dataclasses.field(default=default, metadata={"help": help, "range": Range(**bounds)})
+
+
+def check_ranges(settings: Any) -> None:
+    """Raise ConfigError for the first field of the dataclass `settings` whose value lies outside its range; a
+    float must also be finite (NaN or infinity is never a setting)."""
+    for field in dataclasses.fields(settings):
+        value, limits = getattr(settings, field.name), field.metadata.get("range", Range())
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{field.name}={value}: must be a finite number")
+        if not limits.holds(value):
+            raise ConfigError(f"{field.name}={_number(value)}: must be {limits}")
+
+
+def check_schedule(settings: Any) -> None:
+    """The rules of a warmup-then-cosine schedule (fields `warmup_iters`, `lr_decay_iters`, `learning_rate`,
+    `min_lr`), each broken one a one-line ConfigError saying what to set."""
+    warmup, decay = settings.warmup_iters, settings.lr_decay_iters
+    if warmup >= decay:
+        raise ConfigError(f"warmup_iters={warmup} must be less than lr_decay_iters={decay} (the cosine decay follows "
+                          "the warmup): set a smaller --warmup_iters or a larger --lr_decay_iters")  # fmt: skip
+    if settings.min_lr > settings.learning_rate:
+        raise ConfigError(f"min_lr={settings.min_lr:g} exceeds learning_rate={settings.learning_rate:g}: the "
+                          "schedule decays to min_lr; set --min_lr at most learning_rate")  # fmt: skip
+
+
+def _number(x: float) -> str:
+    return f"2**{int(x).bit_length() - 1}" if isinstance(x, int) and x >= 2**20 and x & (x - 1) == 0 else f"{x:g}"
+
+
+# ---------------------------------------------------------------- presets and values
+
+
 def preset_path(name: str) -> Path:
     """A preset by name (`gpt_tiny` is purejax/train/config/gpt_tiny.toml) or by path to a .toml file."""
     path = Path(name)
@@ -32,13 +104,20 @@ def preset_path(name: str) -> Path:
     candidate = PRESETS / f"{name}.toml"
     if candidate.exists():
         return candidate
-    available = sorted(p.stem for p in PRESETS.glob("*.toml"))
-    raise ConfigError(f"no preset {name!r}: not a .toml file, and not one of {available} in {PRESETS}")
+    raise ConfigError(f"no preset {name!r}: not a .toml file, and not one of {preset_names()} in {PRESETS}")
+
+
+def preset_names(prefix: str = "") -> list[str]:
+    return sorted(p.stem for p in PRESETS.glob(f"{prefix}*.toml"))
 
 
 def load_preset(name: str) -> dict[str, Any]:
-    with open(preset_path(name), "rb") as f:
-        return tomllib.load(f)
+    path = preset_path(name)
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"preset {path} is not valid TOML: {e}") from None
 
 
 def _options(annotation: Any) -> tuple[Any, ...]:
@@ -59,7 +138,7 @@ def _parse_value(key: str, text: str, annotation: Any) -> Any:
                 return _parse_value(key, text, option)
             except ConfigError:
                 pass
-        raise ConfigError(f"--{key}={text}: expected {annotation}")
+        raise ConfigError(f"--{key}={text}: expected {type_name(annotation)}")
     if annotation is bool:
         if text.lower() in ("true", "1", "yes", "on"):
             return True
@@ -91,7 +170,21 @@ def _check_value(key: str, value: Any, annotation: Any) -> Any:
             return value
         if typing.get_origin(option) is typing.Literal and value in typing.get_args(option):
             return value
-    raise ConfigError(f"{key} = {value!r}: expected {annotation}")
+    raise ConfigError(f"{key} = {value!r}: expected {type_name(annotation)}")
+
+
+def type_name(annotation: Any) -> str:
+    """`float`, `int | None`, `char|byte`: a field's type as the help and the docs show it."""
+    names = []
+    for option in _options(annotation):
+        if typing.get_origin(option) is typing.Literal:
+            names.append("|".join(map(str, typing.get_args(option))))
+        else:
+            names.append("None" if option is type(None) else getattr(option, "__name__", str(option)))
+    return " | ".join(names)
+
+
+# ---------------------------------------------------------------- building and parsing
 
 
 def build(cls: type[T], values: dict[str, Any]) -> T:
@@ -111,9 +204,10 @@ def parse_args(cls: type[T], argv: list[str], *, default_preset: str | None = No
     overrides: list[tuple[str, str]] = []
     preset = default_preset
     hints = typing.get_type_hints(cls)
-    for arg in argv:
+    for i, arg in enumerate(argv):
         if not arg.startswith("--") or "=" not in arg:
-            raise ConfigError(f"arguments look like --key=value, got {arg!r}")
+            hint = f"; write {arg}={argv[i + 1]}" if arg.startswith("--") and i + 1 < len(argv) else ""
+            raise ConfigError(f"arguments look like --key=value, got {arg!r}{hint} (--help lists the settings)")
         key, _, text = arg[2:].partition("=")
         if key == "config":
             preset = text
@@ -128,19 +222,74 @@ def parse_args(cls: type[T], argv: list[str], *, default_preset: str | None = No
     return build(cls, values)
 
 
+def command_line(cls: type[T], argv: list[str], *, prog: str, doc: str = "", default_preset: str | None = None) -> T:
+    """`parse_args` for the `main` of the program `prog` (e.g. "purejax.train.gpt"): `--help` (or `-h`) prints
+    `help_text` and exits 0; a ConfigError exits with its one-line message instead of a traceback."""
+    if "--help" in argv or "-h" in argv:
+        preset = next((a.partition("=")[2] for a in argv if a.startswith("--config=")), default_preset)
+        try:
+            print(help_text(cls, preset, doc, prog))
+        except ConfigError as e:
+            raise SystemExit(f"error: {e}") from None
+        raise SystemExit(0)
+    try:
+        return parse_args(cls, argv, default_preset=default_preset)
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
 def explicit_keys(argv: list[str]) -> set[str]:
     """The settings given on the command line (`--key=value`), not counting `--config`."""
     return {a[2:].partition("=")[0] for a in argv if a.startswith("--")} - {"config"}
 
 
-def resume_settings(cfg: Any, saved: dict[str, Any], given: Iterable[str], fixed: Iterable[str]) -> dict[str, Any]:
-    """The settings of a resumed run: the checkpoint's (`saved`), then those of `cfg` named in `given` (the
-    overrides given now, e.g. a longer run). An override of a key in `fixed` (the model, the data, what a
-    step means) that differs from the checkpoint raises ConfigError naming every such key: a checkpoint cannot
-    continue as another architecture or on other data."""
-    given = set(given)
-    conflicts = [f"{k}: checkpoint has {saved[k]!r}, override says {getattr(cfg, k)!r}"
-                 for k in fixed if k in given and k in saved and saved[k] != getattr(cfg, k)]  # fmt: skip
-    if conflicts:
-        raise ConfigError("the overrides conflict with the checkpoint being resumed:\n  " + "\n  ".join(conflicts))
-    return {**saved, **{k: getattr(cfg, k) for k in given}, "init_from": "resume", "out_dir": cfg.out_dir}
+# ---------------------------------------------------------------- describing the settings
+
+
+def describe(cls: type, preset: str | None = None) -> list[tuple[str, str, str, str, str]]:
+    """(name, type, range, default, help) of every field of `cls`, the default with `preset` applied."""
+    values = load_preset(preset) if preset else {}
+    hints = typing.get_type_hints(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        limits, text = str(f.metadata.get("range", "")), f.metadata.get("help", "")
+        rows.append((f.name, type_name(hints[f.name]), limits, _shown(values.get(f.name, f.default)), text))
+    return rows
+
+
+def help_text(cls: type, preset: str | None = None, doc: str = "", prog: str = "") -> str:
+    """What `--help` prints: the program's usage, the first paragraph of `doc`, and its settings, one line each."""
+    summary = doc.strip().split("\n\n")[0]
+    rows = describe(cls, preset)
+    width = max(len(f"--{name}={kind}") for name, kind, *_ in rows)
+    default_width = max(len(default) for *_, default, _ in rows)
+    lines = [f"usage: python -m {prog or cls.__module__} [--config=PRESET] [--key=value ...]", "", summary, ""]
+    if preset is not None:
+        family = re.match(r"[a-z]*", Path(preset).stem).group()  # gpt_cpu -> the gpt* presets
+        lines.append(f"Defaults with the preset {preset} applied (--config=NAME or a .toml path; presets: "
+                     f"{', '.join(preset_names(family))}).")  # fmt: skip
+    lines.append("Settings, as --key=value (type, default, meaning, range):")
+    for name, kind, limits, default, text in rows:
+        lines.append(f"  {f'--{name}={kind}':<{width}}  {default:<{default_width}}  {text}"
+                     + (f" ({limits})" if limits else ""))  # fmt: skip
+    return "\n".join(lines)
+
+
+def _shown(value: Any) -> str:
+    if value is None or isinstance(value, bool):
+        return str(value).lower()
+    return repr(value) if isinstance(value, str) else _number(value)
+
+
+def markdown_table(cls: type, preset: str | None = None) -> str:
+    """The settings of `cls` as a Markdown table (setting, type, default, range, meaning), for the docs."""
+    lines = ["| setting | type | default | range | meaning |", "|---|---|---|---|---|"]
+    for name, kind, limits, default, text in describe(cls, preset):
+        cells = [f"`{name}`", f"`{kind}`", f"`{default}`", limits, text]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m purejax.train.config purejax.train.gpt TrainConfig gpt_cpu: the docs' table
+    module, name, *preset = sys.argv[1:]
+    print(markdown_table(getattr(importlib.import_module(module), name), *preset))

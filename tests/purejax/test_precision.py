@@ -130,3 +130,31 @@ def test_with_policy_norms_still_compute_in_float32():
     assert y.dtype == jnp.bfloat16
     # one rounding to bf16 (relative error <= 2^-9) of an accurate result; bf16 arithmetic would be off by ~1e-2
     np.testing.assert_allclose(np.asarray(y, np.float64), want, rtol=2**-8, atol=0)
+
+
+def test_with_policy_casts_only_the_arguments_named_in_cast():
+    """A diffusion model's time step (or BatchNorm's running statistics) must keep float32: name what to cast,
+    by name or position, and the rest passes through; keyword and positional calls alike."""
+    seen = {}
+
+    def predict(params, z, t, *, key=None):
+        seen.update(params=params["w"].dtype, z=z.dtype, t=t.dtype)
+        return z * params["w"] + t
+
+    policy = Policy.from_string("params=float32,compute=bfloat16,output=float32")
+    params, z, t = {"w": jnp.ones(3)}, jnp.ones(3), jnp.full(3, 0.5)
+    for cast in (("params", "z"), (0, 1), ("z", 0)):
+        seen.clear()
+        out = precision.with_policy(predict, policy, cast=cast)(params, z, t=t, key=None)
+        assert seen == dict(params=jnp.bfloat16, z=jnp.bfloat16, t=jnp.float32) and out.dtype == jnp.float32
+    seen.clear()
+    precision.with_policy(predict, policy)(params, z, t)  # the default: every floating argument
+    assert seen["t"] == jnp.bfloat16
+
+
+def test_with_policy_cast_names_a_mistake():
+    policy = Policy.from_string("bfloat16")
+    with pytest.raises(ValueError, match=r"cast names \['inputs', 3\], .* of apply \(those are \['params', 'x', "):
+        precision.with_policy(linear.apply, policy, cast=("params", "inputs", 3))
+    with pytest.raises(TypeError, match=r"a collection of argument names or positions, e\.g\. \('params',\)"):
+        precision.with_policy(linear.apply, policy, cast="params")

@@ -3,6 +3,7 @@ files it writes are read here, and files written here are read by it; then every
 
 import json
 import struct
+import time
 
 import ml_dtypes
 import numpy as np
@@ -22,6 +23,9 @@ TENSORS = {
     "bf16": RNG.normal(size=(7,)).astype(ml_dtypes.bfloat16),
     "f8_e4m3": RNG.normal(size=(5,)).astype(ml_dtypes.float8_e4m3fn),
     "f8_e5m2": RNG.normal(size=(5,)).astype(ml_dtypes.float8_e5m2),
+    "f8_e4m3fnuz": RNG.normal(size=(3,)).astype(ml_dtypes.float8_e4m3fnuz),
+    "f8_e5m2fnuz": RNG.normal(size=(2, 2)).astype(ml_dtypes.float8_e5m2fnuz),
+    "f8_e8m0": np.exp2(RNG.integers(-20, 20, size=(4,))).astype(ml_dtypes.float8_e8m0fnu),  # powers of two only
     "i64": RNG.integers(-(2**40), 2**40, size=(3,)),
     "i32": RNG.integers(-100, 100, size=(2, 2)).astype(np.int32),
     "i16": np.array([-3, 7], np.int16),
@@ -81,6 +85,33 @@ def test_layout_is_aligned_and_round_trips(tmp_path):
     loaded = safetensors.load(path)
     assert not loaded["f32"].flags.writeable  # a read-only view of the mapped file
     assert_same(loaded, TENSORS)
+
+
+def test_the_float8_variants_keep_their_own_names(tmp_path):
+    """FNUZ and E8M0 bytes mean other numbers than E4M3FN's and E5M2's: each dtype must round trip as itself,
+    under the name the reference gives it."""
+    path = tmp_path / "f8.safetensors"
+    names = {"f8_e4m3": "F8_E4M3", "f8_e5m2": "F8_E5M2", "f8_e4m3fnuz": "F8_E4M3FNUZ", "f8_e5m2fnuz": "F8_E5M2FNUZ",
+             "f8_e8m0": "F8_E8M0"}  # fmt: skip
+    safetensors.save(path, {k: TENSORS[k] for k in names})
+    assert {k: v.dtype for k, v in safetensors.read_header(path).tensors.items()} == names
+    for name, entry in reference.deserialize(path.read_bytes()):
+        assert entry["dtype"] == names[name]
+    reference_numpy.save_file({k: TENSORS[k] for k in names}, tmp_path / "ref.safetensors")
+    assert {k: v.dtype for k, v in safetensors.read_header(tmp_path / "ref.safetensors").tensors.items()} == names
+
+
+def test_repeated_names_are_found_in_linear_time():
+    """The header's names were checked for repeats with a quadratic count: 30,000 tensors took 10.6 s to open
+    (the reference: 0.1 s). Timed on the check alone, so the run-time type checking the tests add to every
+    header entry does not blur a 100x difference."""
+    pairs = [(f"t{i}", {}) for i in range(30_000)]
+    start = time.perf_counter()
+    assert len(safetensors._no_duplicates(pairs)) == 30_000
+    elapsed = time.perf_counter() - start
+    assert elapsed < 1.0, f"checking 30,000 names took {elapsed:.2f} s"
+    with pytest.raises(safetensors._DuplicateKey, match=r"repeated names \['t7'\]"):
+        safetensors._no_duplicates([*pairs, ("t7", {})])
 
 
 def test_big_endian_input_is_stored_little_endian(tmp_path):
@@ -159,5 +190,5 @@ def test_malformed_files_are_rejected_with_the_reason(tmp_path, case):
         safetensors.load(path)
     assert str(path) in str(error.value)
     if case not in ("short", "duplicate name"):  # the reference rejects these too (it tolerates a repeated key)
-        with pytest.raises(Exception):
+        with pytest.raises(reference.SafetensorError):
             reference_read(path)

@@ -17,12 +17,12 @@ See docs/data.md.
 
 from purejax.train.data.batches import batches, get_batch, prefetch
 from purejax.train.data.corpus import SEPARATOR, STDLIB_MODULES, TEXT_EXTENSIONS, Source, read_source, stdlib_corpus
-from purejax.train.data.dataset import Dataset, ensure_dataset, open_dataset
+from purejax.train.data.dataset import Dataset, ensure_dataset, fingerprint, open_dataset
 from purejax.train.data.prepare import prepare, split_point, text_sha256
 from purejax.train.data.tokenizers import ByteTokenizer, CharTokenizer, Tokenizer, load_tokenizer, make_tokenizer
 
 __all__ = [
     "SEPARATOR", "STDLIB_MODULES", "TEXT_EXTENSIONS", "ByteTokenizer", "CharTokenizer", "Dataset", "Source",
-    "Tokenizer", "batches", "ensure_dataset", "get_batch", "load_tokenizer", "make_tokenizer", "open_dataset",
-    "prefetch", "prepare", "read_source", "split_point", "stdlib_corpus", "text_sha256",
+    "Tokenizer", "batches", "ensure_dataset", "fingerprint", "get_batch", "load_tokenizer", "make_tokenizer",
+    "open_dataset", "prefetch", "prepare", "read_source", "split_point", "stdlib_corpus", "text_sha256",
 ]  # fmt: skip

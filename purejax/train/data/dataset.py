@@ -6,8 +6,10 @@
     data = open_dataset(path)            # data.train / data.val are uint16 memmaps, data.tokenizer decodes
 """
 
+import hashlib
 import json
 import re
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -71,6 +73,26 @@ def open_dataset(path: str | Path) -> Dataset:
     train = _open_split(path / "train.bin", meta["train_tokens"])
     val = _open_split(path / "val.bin", meta["val_tokens"])
     return Dataset(path, train, val, tokenizer, meta)
+
+
+def fingerprint(dataset: Dataset) -> dict[str, dict]:
+    """What identifies the dataset's content, recorded in every checkpoint so that a resume on other data is
+    refused: the tokenizer (its kind, vocabulary size and the SHA-256 of its JSON: the same characters with other
+    ids differ) and each token file's size and CRC-32 (reading both files once, about a second per GB)."""
+    tokenizer = json.dumps(dataset.tokenizer.to_json(), sort_keys=True).encode()
+    return {
+        "tokenizer": {"kind": dataset.tokenizer.kind, "vocab_size": dataset.tokenizer.vocab_size,
+                      "sha256": hashlib.sha256(tokenizer).hexdigest()[:16]},
+        **{name: _file_fingerprint(dataset.path / name) for name in ("train.bin", "val.bin")},
+    }  # fmt: skip
+
+
+def _file_fingerprint(path: Path) -> dict[str, int | str]:
+    crc = 0
+    with open(path, "rb") as f:
+        while piece := f.read(16 * 2**20):
+            crc = zlib.crc32(piece, crc)
+    return {"bytes": path.stat().st_size, "crc32": f"{crc:08x}"}
 
 
 def ensure_dataset(

@@ -53,6 +53,12 @@ def _read_csv(path: Path, side: int, max_value: float) -> tuple[np.ndarray, np.n
     return images, table[:, -1].astype(np.int32)
 
 
+def read_digits() -> tuple[Float[np.ndarray, "1797 8 8 1"], Int[np.ndarray, " 1797"]]:
+    """All of scikit-learn's bundled 8x8 digits in the file's order: (images in [0, 1], labels)."""
+    path = package_file("sklearn", "datasets/data/digits.csv.gz", "pip install scikit-learn")
+    return _read_csv(path, side=8, max_value=16.0)
+
+
 def load_digits(test_fraction: float = 0.2, seed: int = 0) -> ImageSplits:
     """scikit-learn's bundled 8x8 handwritten digits (1,797 images, 17 grey levels 0..16 scaled to [0, 1]).
 
@@ -60,9 +66,7 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0) -> ImageSplits:
     default 0.2); both splits keep the file's order."""
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must lie strictly between 0 and 1, got {test_fraction}")
-    images, labels = _read_csv(
-        package_file("sklearn", "datasets/data/digits.csv.gz", "pip install scikit-learn"), side=8, max_value=16.0
-    )
+    images, labels = read_digits()
     rng = np.random.default_rng(seed)
     test = np.zeros(len(labels), bool)
     for label in np.unique(labels):

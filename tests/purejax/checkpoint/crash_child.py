@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from purejax import checkpoint
-from purejax.checkpoint import write
+from purejax.checkpoint import fast_write
 
 CHUNK_BYTES = 64
 
@@ -43,14 +43,14 @@ def die_before_operation(k: int) -> None:
 
         return operation
 
-    write._write_at = counted(write._write_at)
+    fast_write._write_at = counted(fast_write._write_at)
     os.fsync, os.replace, os.unlink = counted(os.fsync), counted(os.replace), counted(os.unlink)
 
 
 def save_step_2(directory: Path, k: int) -> None:
     # Small spans and pieces, so that these tiny records are saved as a large one is: written in pieces by this
     # thread while other threads checksum them span by span; a kill can then land between any two writes.
-    write._SPAN_BYTES, write._PIECE_BYTES = 32, 16
+    fast_write._SPAN_BYTES, fast_write._PIECE_BYTES = 32, 16
     try:
         manager = checkpoint.CheckpointManager(directory, keep_last=1, chunk_bytes=CHUNK_BYTES)
         die_before_operation(k)

@@ -35,7 +35,7 @@ def init_state(name: str, key):
     return {"params": params, "opt_state": optimizer(name).init(params), "key": key, "step": jnp.zeros((), jnp.int32)}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_train_step(name: str):
     tx = optimizer(name)
 

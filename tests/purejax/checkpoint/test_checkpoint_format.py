@@ -15,6 +15,7 @@ import pytest
 
 from purejax import checkpoint
 from purejax.checkpoint import format as fmt
+from purejax.checkpoint import header as header_lib
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -75,6 +76,18 @@ def test_dtype_table_covers_every_dtype_jax_has():
     assert fmt.DTYPES["bfloat16"] == np.dtype(ml_dtypes.bfloat16) and fmt.DTYPES["int4"].itemsize == 1
 
 
+def test_the_narrow_dtypes_are_those_ml_dtypes_gives_fewer_than_8_bits():
+    """Restore refuses a byte with bits set above these widths (format.VALUE_BITS); ml_dtypes is the reference."""
+    widths = {"bool": 1}
+    for name, dtype in fmt.DTYPES.items():
+        if dtype.itemsize == 1 and name != "bool":
+            try:
+                widths[name] = ml_dtypes.iinfo(dtype).bits
+            except ValueError:
+                widths[name] = ml_dtypes.finfo(dtype).bits
+    assert fmt.VALUE_BITS == {name: bits for name, bits in widths.items() if bits < 8}
+
+
 @pytest.mark.parametrize("dtype", [object, "U3", "datetime64[s]", [("a", "i4")]])
 def test_dtypes_a_checkpoint_cannot_hold_are_named(dtype):
     with pytest.raises(TypeError, match="cannot be stored in a checkpoint; supported: bool"):
@@ -90,14 +103,14 @@ def test_plain_converts_config_values_and_names_what_it_cannot():
         dtype: object = jnp.bfloat16
         sizes: tuple = (1, 2)
 
-    got = fmt.plain({"c": Config(), "s": np.float32(0.5), "loss": jnp.array(2.0), 3: None}, "config")
+    got = header_lib.plain({"c": Config(), "s": np.float32(0.5), "loss": jnp.array(2.0), 3: None}, "config")
     assert got == {"c": {"d_model": 8, "dtype": "bfloat16", "sizes": [1, 2]}, "s": 0.5, "loss": 2.0, 3: None}
     with pytest.raises(TypeError, match=r"config\.model\.fn is a function"):
-        fmt.plain({"model": {"fn": lambda: 0}}, "config")
+        header_lib.plain({"model": {"fn": lambda: 0}}, "config")
     with pytest.raises(TypeError, match="config.w is a ArrayImpl"):
-        fmt.plain({"w": jnp.ones(3)}, "config")
+        header_lib.plain({"w": jnp.ones(3)}, "config")
     with pytest.raises(TypeError, match="does not fit in 64 bits"):
-        fmt.plain(2**70, "config")
+        header_lib.plain(2**70, "config")
 
 
 def test_preamble_problems_are_reported_by_kind(tmp_path):
@@ -122,7 +135,7 @@ def _hand_written(tmp_path, header: dict, payload: bytes = b"") -> Path:
 def _header(chunk_bytes: int = 64, **leaf) -> dict:
     entry = {"path": "w", "dtype": "float32", "shape": [2], "nbytes": 8, "crc32": bytes(4), "key_impl": None, **leaf}
     tree = {"kind": "dict", "keys": ["w"], "children": [{"kind": "leaf", "index": 0}]}
-    return fmt.header_dict(
+    return header_lib.header_dict(
         purejax_version="x", created="x", step=None, config=None, metadata={}, chunk_bytes=chunk_bytes, tree=tree,
         leaves=[entry],
     )  # fmt: skip

@@ -1,8 +1,13 @@
 """CheckpointManager: naming, retention, skipping corrupt files, surviving SIGKILL at every point of a save,
 and resuming a training run in a fresh process bit for bit."""
 
+import builtins
+import dataclasses
 import importlib.util
 import os
+import subprocess
+import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -11,6 +16,8 @@ import numpy as np
 import pytest
 
 from purejax import checkpoint
+from purejax.checkpoint import fast_write
+from purejax.checkpoint import manager as manager_lib
 
 HERE = Path(__file__).resolve().parent
 
@@ -98,15 +105,126 @@ def test_restore_returns_none_for_a_new_run_and_refuses_all_corrupt(tmp_path):
         manager.restore()
 
 
-def test_temporary_leftovers_are_removed_on_start_and_ignored_meanwhile(tmp_path):
-    leftover = tmp_path / ".ckpt_00000007.msgpack.123-abcd.tmp"
-    leftover.write_bytes(b"half a checkpoint")
-    unrelated = tmp_path / "notes.txt"
-    unrelated.write_text("mine")
+def finished_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(child.stdout)
+
+
+def test_readers_never_delete_and_a_save_removes_only_stale_temporaries(tmp_path):
+    """Constructing a manager and reading change nothing (a sampler beside a training run used to delete
+    the run's temporary file mid-save). A save removes the temporaries of processes that are gone, and
+    those nobody has written to for an hour; never a live process's, nor this process's own."""
+    old = time.time() - 2 * 3600
+    temporaries = {
+        "dead": (f".ckpt_00000007.msgpack.{finished_pid()}-0123abcd.tmp", None),
+        "live": (f".ckpt_00000008.msgpack.{os.getppid()}-0123abcd.tmp", None),
+        "live but untouched": (f".ckpt_00000009.msgpack.{os.getppid()}-4567abcd.tmp", old),
+        "this process's": (f".ckpt_00000010.msgpack.{os.getpid()}-89abcdef.tmp", old),
+        "another prefix's": (f".best_00000007.msgpack.{finished_pid()}-0123abcd.tmp", None),
+    }
+    for name, mtime in temporaries.values():
+        (tmp_path / name).write_bytes(b"half a checkpoint")
+        if mtime:
+            os.utime(tmp_path / name, (mtime, mtime))
+    (tmp_path / "notes.txt").write_text("mine")
+    before = sorted(os.listdir(tmp_path))
     manager = checkpoint.CheckpointManager(tmp_path)
-    assert not leftover.exists() and unrelated.exists()
-    leftover.write_bytes(b"half a checkpoint")
-    assert manager.steps() == [] and manager.restore() is None
+    assert manager.steps() == [] and manager.restore() is None and manager.latest_step() is None
+    assert sorted(os.listdir(tmp_path)) == before
+    manager.save(1, state(1))
+    kept = [temporaries[k][0] for k in ("live", "this process's", "another prefix's")]
+    assert sorted(os.listdir(tmp_path)) == sorted([*kept, "ckpt_00000001.msgpack", "notes.txt"])
+
+
+def test_a_reader_in_the_middle_of_a_save_leaves_it_alone(tmp_path, monkeypatch):
+    """The reported crash: a manager made while a save is writing (train.sample beside train.gpt) deleted the
+    save's temporary file, and the save failed at the rename with FileNotFoundError."""
+    writer = checkpoint.CheckpointManager(tmp_path, keep_last=1)
+    writer.save(1, state(1))
+    seen, real_write = [], fast_write._write_at
+
+    def write_then_read(fd, data, offset):
+        real_write(fd, data, offset)
+        if not seen:  # the temporary file of step 2 exists now
+            reader = checkpoint.CheckpointManager(tmp_path, keep_last=None)
+            seen.append((reader.latest_step(), reader.restore().info.step))
+
+    monkeypatch.setattr(fast_write, "_write_at", write_then_read)
+    writer.save(2, state(2))
+    assert seen == [(1, 1)] and writer.steps() == [2]
+
+
+def test_a_checkpoint_pruned_while_a_reader_looks_is_passed_over_for_the_newer_one(tmp_path, monkeypatch):
+    writer = checkpoint.CheckpointManager(tmp_path, keep_last=1)
+    writer.save(5, state(5))
+    real_restore = manager_lib.restore
+
+    def save_meanwhile(path, *args, **kwargs):
+        if writer.steps() == [5]:
+            writer.save(6, state(6))  # and prunes step 5, which the reader has just listed
+        return real_restore(path, *args, **kwargs)
+
+    monkeypatch.setattr(manager_lib, "restore", save_meanwhile)
+    assert checkpoint.CheckpointManager(tmp_path).restore().info.step == 6
+
+
+def test_a_directory_or_fifo_named_like_a_checkpoint_is_passed_over(tmp_path):
+    manager = checkpoint.CheckpointManager(tmp_path, keep_last=1)
+    manager.save(1, state(1))
+    (tmp_path / "ckpt_00000009.msgpack").mkdir()  # used to raise IsADirectoryError in all three below
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(tmp_path / "ckpt_00000008.msgpack")  # opening it would wait for a writer for ever
+    assert manager.steps() == [1] and manager.latest_step() == 1 and manager.restore().info.step == 1
+    manager.save(2, state(2))
+    assert manager.steps() == [2] and (tmp_path / "ckpt_00000009.msgpack").is_dir()
+
+
+def test_an_unreadable_newest_file_is_skipped_with_a_warning(tmp_path, monkeypatch):
+    manager = checkpoint.CheckpointManager(tmp_path, keep_last=None)
+    for step in (1, 2):
+        manager.save(step, state(step))
+    denied = str(manager.path(2))  # as if chmod 000 (the tests may run as root, who can read anything)
+    real_os_open, real_open = os.open, builtins.open
+
+    def refuse(opener):
+        def open_unless_denied(path, *args, **kwargs):
+            if str(path) == denied:
+                raise PermissionError(13, "Permission denied", denied)
+            return opener(path, *args, **kwargs)
+
+        return open_unless_denied
+
+    monkeypatch.setattr(os, "open", refuse(real_os_open))
+    monkeypatch.setattr(builtins, "open", refuse(real_open))
+    reader = checkpoint.CheckpointManager(tmp_path)
+    with pytest.warns(RuntimeWarning, match="ckpt_00000002.msgpack: cannot be opened: Permission denied"):
+        assert reader.latest_step() == 1
+    with pytest.warns(RuntimeWarning, match="ckpt_00000002.msgpack: cannot be opened"):
+        assert reader.restore().info.step == 1
+
+
+def test_a_damaged_file_is_read_once_not_on_every_save(tmp_path, monkeypatch):
+    manager = checkpoint.CheckpointManager(tmp_path, keep_last=2)
+    manager.save(1, state(1))
+    manager.path(1).write_bytes(b"garbage")
+    reads, real_read = [], manager_lib.read_metadata
+    monkeypatch.setattr(manager_lib, "read_metadata", lambda path: reads.append(Path(path).name) or real_read(path))
+    for step in range(2, 6):
+        manager.save(step, state(step))
+    assert manager.steps() == [1, 4, 5]
+    assert sorted(reads) == [f"ckpt_{s:08d}.msgpack" for s in range(1, 6)]  # each file once
+
+
+def test_an_explicit_step_that_is_not_there_is_named_with_the_steps_that_are(tmp_path):
+    manager = checkpoint.CheckpointManager(tmp_path, keep_last=None)
+    with pytest.raises(checkpoint.CheckpointError, match="no checkpoint for step 3; the directory has none"):
+        manager.restore(step=3)
+    for step in range(1, 13):
+        manager.save(step, state(step))
+    listed = r"no checkpoint for step 999; the directory has steps 1, 2, 3, \.\.\., 8, 9, 10, 11, 12 \(12 in all\)"
+    with pytest.raises(checkpoint.CheckpointError, match=listed):
+        manager.restore(step=999)
 
 
 @pytest.mark.parametrize(
@@ -131,10 +249,30 @@ def test_keep_best_needs_the_metric_at_save(tmp_path):
     assert manager.steps() == []
 
 
+def test_train_sample_falls_back_past_a_damaged_newest_checkpoint(tmp_path):
+    """train.sample reads the params of the newest checkpoint that verifies, as its docstring promises (the
+    header check alone passed a file whose params were damaged, and sampling then failed)."""
+    from purejax.models import gpt
+    from purejax.train import sample
+
+    model = dataclasses.asdict(gpt.GPTConfig(block_size=8, vocab_size=8, n_layer=1, n_head=2, n_embd=16))
+    manager = checkpoint.CheckpointManager(tmp_path, keep_last=None)
+    for step in (1, 2):
+        tree = {"params": {"w": np.full(64, step, np.float32)}, "opt_state": np.zeros(3)}
+        manager.save(step, tree, config={"model": model})
+    raw = bytearray(manager.path(2).read_bytes())
+    raw[checkpoint.read_metadata(manager.path(2)).manifest["params.w"].offset + 100] ^= 0x40
+    manager.path(2).write_bytes(bytes(raw))
+    with pytest.warns(RuntimeWarning, match="ckpt_00000002.msgpack, leaf 'params.w'.*CRC32"):
+        params, config, step = sample.load_model(tmp_path)
+    assert step == 1 and params["w"][0] == 1 and config.n_embd == 16
+
+
 def test_sigkill_at_every_point_of_a_save_never_loses_the_last_good_checkpoint(tmp_path, run_child):
     """A child process saves step 2 over a directory holding a good step 1 and is SIGKILLed before each of
     its file operations in turn (see crash_child.py). Afterwards every directory holds a checkpoint that
-    verifies -- step 1 if the kill came before the rename, step 2 after -- and nothing a new manager trips on."""
+    verifies -- step 1 if the kill came before the rename, step 2 after -- and nothing a new manager trips on;
+    the next save removes the temporary file the killed one left."""
     crash = load_child("crash_child")
     good = tmp_path / "step1.msgpack"
     checkpoint.save(good, crash.tree(1), step=1, chunk_bytes=crash.CHUNK_BYTES)
@@ -152,14 +290,16 @@ def test_sigkill_at_every_point_of_a_save_never_loses_the_last_good_checkpoint(t
             warnings.simplefilter("error")  # a torn file under a final name would warn
             manager = checkpoint.CheckpointManager(directory, keep_last=1)
             restored = manager.restore(like=crash.tree(0))
-        assert [n for n in os.listdir(directory) if n.endswith(".tmp")] == []
+        assert sorted(os.listdir(directory)) == sorted(names)  # reading removed nothing
         step = restored.info.step
         assert all(np.array_equal(restored.tree[key], value) for key, value in crash.tree(step).items()), k
         outcomes.append(step)
+        manager.save(3, crash.tree(3))  # a writer: removes the killed process's temporary file
+        assert os.listdir(directory) == ["ckpt_00000003.msgpack"], k
     # Killed before the rename: step 1; from the rename on: step 2; then the old file goes.
     rename = outcomes.index(2)
     assert outcomes == [1] * rename + [2] * (survived_at - rename) and rename >= 10
-    assert os.listdir(root / f"k{survived_at:03d}") == ["ckpt_00000002.msgpack"]
+    assert names == ["ckpt_00000002.msgpack"]  # the save that survived: its temporary renamed, step 1 pruned
 
 
 def test_resuming_in_a_fresh_process_is_bit_for_bit_the_same_run(tmp_path, run_child):

@@ -1,6 +1,7 @@
 """restore and read_metadata: bit-exact round trips of every dtype and node kind, verification of damaged
 files, template checks, partial restores, placement with shardings, and bounded memory."""
 
+import functools
 import json
 from pathlib import Path
 from typing import NamedTuple
@@ -18,6 +19,7 @@ from purejax import checkpoint
 from purejax import tree as tree_lib
 from purejax.checkpoint import format as fmt
 from purejax.tree import TreeMismatchError
+
 
 def random_array(name: str, shape: tuple, seed: int = 0) -> np.ndarray:
     """Arbitrary bit patterns (NaN payloads, subnormals, negative zero included) of dtype `name`; for the
@@ -41,7 +43,8 @@ def same_bits(a, b) -> bool:
 
 @pytest.mark.parametrize("name", list(fmt.DTYPES))
 def test_every_dtype_round_trips_bit_for_bit(tmp_path, name):
-    tree = {"matrix": random_array(name, (3, 5)), "scalar": random_array(name, (), 1), "empty": np.zeros(0, fmt.DTYPES[name])}
+    empty = np.zeros(0, fmt.DTYPES[name])
+    tree = {"matrix": random_array(name, (3, 5)), "scalar": random_array(name, (), 1), "empty": empty}
     checkpoint.save(tmp_path / "f", tree, chunk_bytes=7)  # chunks that cut through elements
     loose = checkpoint.restore(tmp_path / "f").tree
     into_numpy = checkpoint.restore(tmp_path / "f", like=tree).tree
@@ -249,9 +252,11 @@ def owner_of(info: fmt.CheckpointInfo, offset: int) -> str | None:
     return next((leaf.path for leaf in info.leaves if leaf.offset <= offset < leaf.offset + leaf.size_in_file), None)
 
 
-def test_every_flipped_bit_is_detected_and_located(tmp_path):
+@pytest.mark.parametrize("threads", [True, False], ids=["fast", "reference"])
+def test_every_flipped_bit_is_detected_and_located(tmp_path, threads):
     """One flipped bit anywhere -- preamble, header, record framing or data -- is a CheckpointError naming
-    the file, and the leaf when the bit is in that leaf's records. Never silently wrong weights."""
+    the file, and the leaf when the bit is in that leaf's records, by either reader. Never silently wrong
+    weights."""
     clean = tmp_path / "clean"
     tree = {"a": np.arange(20, dtype=np.int16), "b": {"c": np.ones(3, np.float32)}}
     checkpoint.save(clean, tree, step=1, chunk_bytes=16)
@@ -262,7 +267,7 @@ def test_every_flipped_bit_is_detected_and_located(tmp_path):
         bad.write_bytes(raw)
         corrupt(bad, offset, 1 << int(rng.integers(8)))
         with pytest.raises(checkpoint.CheckpointError) as caught:
-            checkpoint.restore(bad)
+            checkpoint.restore(bad, threads=threads)
         assert caught.value.path == bad and str(bad) in str(caught.value)
         assert caught.value.leaf == owner_of(info, offset), (offset, str(caught.value))
 
@@ -271,12 +276,12 @@ def test_records_read_in_many_spans_and_pieces_verify_each_span(tmp_path, monkey
     """With tiny spans and pieces (save and restore), each record is checksummed in several spans on a save
     and read by several threads in spans on a restore, the spans' CRCs combined: the values round-trip, and
     a flipped bit in the first, a middle or the last span of a record is caught and located."""
-    from purejax.checkpoint import read, write
+    from purejax.checkpoint import fast_read, fast_write
 
-    monkeypatch.setattr(write, "_PIECE_BYTES", 3)
-    monkeypatch.setattr(write, "_SPAN_BYTES", 12)
-    monkeypatch.setattr(read, "_SPAN_BYTES", 10)
-    monkeypatch.setattr(read, "_PIECE_BYTES", 4)
+    monkeypatch.setattr(fast_write, "_PIECE_BYTES", 3)
+    monkeypatch.setattr(fast_write, "_SPAN_BYTES", 12)
+    monkeypatch.setattr(fast_read, "_SPAN_BYTES", 10)
+    monkeypatch.setattr(fast_read, "_PIECE_BYTES", 4)
     clean = tmp_path / "clean"
     tree = {"a": random_array("float32", (50,)), "b": random_array("int8", (7,))}
     checkpoint.save(clean, tree, chunk_bytes=64)  # "a": records of 64, 64, 64, 8 bytes
@@ -292,14 +297,15 @@ def test_records_read_in_many_spans_and_pieces_verify_each_span(tmp_path, monkey
         assert caught.value.leaf == "a"
 
 
-def test_every_truncation_is_detected_and_located(tmp_path):
+@pytest.mark.parametrize("threads", [True, False], ids=["fast", "reference"])
+def test_every_truncation_is_detected_and_located(tmp_path, threads):
     clean = tmp_path / "clean"
     checkpoint.save(clean, {"a": np.arange(20, dtype=np.int16), "b": np.ones(3, np.float32)}, chunk_bytes=16)
     info, raw = checkpoint.read_metadata(clean), clean.read_bytes()
     cut = tmp_path / "cut"
     for length in range(len(raw)):
         cut.write_bytes(raw[:length])
-        for read in (checkpoint.read_metadata, checkpoint.restore):
+        for read in (checkpoint.read_metadata, functools.partial(checkpoint.restore, threads=threads)):
             with pytest.raises(checkpoint.CheckpointError, match="truncated") as caught:
                 read(cut)
             assert caught.value.leaf == owner_of(info, length), length

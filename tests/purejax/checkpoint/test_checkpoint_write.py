@@ -8,12 +8,14 @@ import sys
 import threading
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from purejax import checkpoint
-from purejax.checkpoint import write
+from purejax.checkpoint import fast_write, write
+from purejax.checkpoint import format as fmt
 
 HERE = Path(__file__).resolve().parent
 
@@ -38,8 +40,8 @@ def test_a_failing_save_keeps_the_old_file_and_removes_its_temporary(tmp_path, m
             raise OSError(28, "No space left on device")
         os.pwrite(fd, data, offset)
 
-    monkeypatch.setattr(write, "_write_at", failing_write)
-    monkeypatch.setattr(write, "_PIECE_BYTES", 64)  # records of 100 bytes: written in pieces, checksummed by threads
+    monkeypatch.setattr(fast_write, "_write_at", failing_write)
+    monkeypatch.setattr(fast_write, "_PIECE_BYTES", 64)  # 100-byte records: written in pieces, checksummed on threads
     with pytest.raises(OSError, match="No space left"):
         checkpoint.save(path, {"w": np.ones(1000)}, step=2, chunk_bytes=100)
     assert os.listdir(tmp_path) == ["ckpt.msgpack"]
@@ -69,7 +71,7 @@ def test_the_file_is_written_front_to_back_while_other_threads_checksum(tmp_path
     """One thread writes every byte once, in order (the disk's fastest pattern), then rewrites the header
     with the checksums; the large records' CRCs are computed on other threads."""
     writes, checksummers = [], set()
-    real_write, real_span_crc = write._write_at, write._span_crc
+    real_write, real_span_crc = fast_write._write_at, fast_write._span_crc
 
     def recorded_write(fd, data, offset):
         writes.append((offset, len(memoryview(data).cast("B")), threading.current_thread().name))
@@ -79,10 +81,10 @@ def test_the_file_is_written_front_to_back_while_other_threads_checksum(tmp_path
         checksummers.add(threading.current_thread().name)
         return real_span_crc(span)
 
-    monkeypatch.setattr(write, "_write_at", recorded_write)
-    monkeypatch.setattr(write, "_span_crc", recorded_span_crc)
-    monkeypatch.setattr(write, "_PIECE_BYTES", 256)
-    monkeypatch.setattr(write, "_SPAN_BYTES", 1000)
+    monkeypatch.setattr(fast_write, "_write_at", recorded_write)
+    monkeypatch.setattr(fast_write, "_span_crc", recorded_span_crc)
+    monkeypatch.setattr(fast_write, "_PIECE_BYTES", 256)
+    monkeypatch.setattr(fast_write, "_SPAN_BYTES", 1000)
     path = tmp_path / "ckpt.msgpack"
     tree = {"a": np.arange(1000, dtype=np.float32), "b": np.arange(10), "c": np.ones((30, 40))}
     checkpoint.save(path, tree, chunk_bytes=3000)
@@ -96,10 +98,47 @@ def test_the_file_is_written_front_to_back_while_other_threads_checksum(tmp_path
     assert all(np.array_equal(restored[k], tree[k]) for k in tree)
 
 
+def arbitrary(name: str, shape: tuple, seed: int) -> np.ndarray:
+    """Arbitrary bytes of dtype `name` (for the narrow dtypes only in their value bits)."""
+    dtype = fmt.DTYPES[name]
+    raw = np.random.default_rng(seed).integers(0, 256, (*shape, dtype.itemsize), dtype=np.uint8)
+    raw &= (1 << fmt.VALUE_BITS.get(name, 8)) - 1
+    return raw.view(dtype).reshape(shape)
+
+
+@pytest.mark.parametrize("chunk_bytes", [7, 64, 2**20])
+def test_the_fast_and_the_reference_path_write_the_same_bytes(tmp_path, monkeypatch, chunk_bytes):
+    """save() (one writing thread, others checksumming, fast_write.py) and save(threads=False) (one thread
+    front to back, sequential.py) write identical files: every dtype, records cut through elements, large
+    records checksummed in several spans; and either reader restores either file."""
+    monkeypatch.setattr(write, "_now", lambda: "2025-01-01T00:00:00+00:00")  # the one thing that would differ
+    monkeypatch.setattr(fast_write, "_PIECE_BYTES", 16)  # so 64-byte records are "large": spans on other threads
+    monkeypatch.setattr(fast_write, "_SPAN_BYTES", 24)
+    tree = {
+        "dtypes": {name: arbitrary(name, (7, 5), i) for i, name in enumerate(fmt.DTYPES)},
+        "nodes": [None, (np.zeros(0, np.float32), 3, 2.5), {1: jax.random.key(1), 0: np.bool_(True)}],
+    }
+    fast = checkpoint.save(tmp_path / "fast", tree, step=3, config={"lr": 0.1}, chunk_bytes=chunk_bytes)
+    reference = checkpoint.save(tmp_path / "reference", tree, step=3, config={"lr": 0.1}, chunk_bytes=chunk_bytes,
+                                threads=False)  # fmt: skip
+    assert fast.read_bytes() == reference.read_bytes()
+    saved = leaf_bytes(tree)
+    assert leaf_bytes(checkpoint.restore(fast, threads=False).tree) == saved
+    assert leaf_bytes(checkpoint.restore(reference).tree) == saved
+
+
+def leaf_bytes(tree) -> list[bytes]:
+    """Each leaf's bytes (a typed key's: its key data), in leaf order."""
+    is_key = lambda x: jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key)  # noqa: E731
+    return [np.asarray(jax.random.key_data(x) if is_key(x) else x).tobytes() for x in jax.tree_util.tree_leaves(tree)]
+
+
 def test_temporary_names_are_hidden_unique_and_recognisable(tmp_path):
     a, b = write.temp_path(tmp_path / "ckpt_00000001.msgpack"), write.temp_path(tmp_path / "ckpt_00000001.msgpack")
     assert a != b and a.parent == tmp_path
     assert a.name.startswith(".ckpt_00000001.msgpack.") and a.name.endswith(write.TEMP_SUFFIX)
+    assert write.temp_owner(a.name) == ("ckpt_00000001.msgpack", os.getpid())
+    assert write.temp_owner("ckpt_00000001.msgpack") is None and write.temp_owner(".x.12-nothex!.tmp") is None
 
 
 def test_big_endian_numpy_arrays_are_stored_little_endian(tmp_path):

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from purejax.models import dit
 from purejax import tree as tree_lib
+from purejax.models import dit, dit_embeddings, dit_moe
 from purejax.nn import attention
 
 CONFIG = dit.DiTConfig(input_size=8, patch_size=2, in_channels=2, d_model=32, n_layer=2, n_head=2, n_classes=5,
@@ -32,7 +32,8 @@ def random_params(config=CONFIG, seed=0):
     """The initialised params plus N(0, 0.2^2) numpy noise on every leaf, so the zero-initialised modulation
     and final layer are non-trivial too."""
     rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda a: a + rng.normal(0, 0.2, a.shape).astype(np.float32), init(jax.random.key(seed), config))
+    noise = lambda a: a + rng.normal(0, 0.2, a.shape).astype(np.float32)  # noqa: E731
+    return jax.tree.map(noise, init(jax.random.key(seed), config))
 
 
 def inputs(config=CONFIG, seed=1):
@@ -101,7 +102,7 @@ def numpy_forward(params, x, t, y, config):
     temb = numpy_timestep_dit(config.time_scale * np.asarray(t, np.float64), config.freq_dim)
     c = lin(silu(lin(temb, p["t_mlp"]["fc"])), p["t_mlp"]["proj"]) + p["classes"]["w"][np.asarray(y)]
     for layer in range(config.n_layer):
-        q = jax.tree.map(lambda a: a[layer], p["blocks"])
+        q = jax.tree.map(lambda a, i=layer: a[i], p["blocks"])
         s1, sc1, g1, s2, sc2, g2 = (m[:, None] for m in np.split(lin(silu(c), q["adaln"]), 6, -1))
         h = h + g1 * attn(q["attn"], ln(h) * (1 + sc1) + s1)
         h = h + g2 * lin(gelu(lin(ln(h) * (1 + sc2) + s2, q["mlp"]["fc"])), q["mlp"]["proj"])
@@ -120,22 +121,22 @@ def numpy_forward(params, x, t, y, config):
 
 def test_patchify_matches_the_loops_and_unpatchify_inverts_it():
     x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 8, 8, 3)), jnp.float32)
-    tokens = dit.patchify(x, 4)
+    tokens = dit_embeddings.patchify(x, 4)
     assert tokens.shape == (2, 4, 48)
     np.testing.assert_array_equal(tokens, numpy_patchify(np.asarray(x), 4))
-    np.testing.assert_array_equal(dit.unpatchify(tokens, 4, 3), x)
+    np.testing.assert_array_equal(dit_embeddings.unpatchify(tokens, 4, 3), x)
 
 
 def test_position_table_matches_the_formula():
-    np.testing.assert_allclose(dit.sincos_2d(32, 4), numpy_sincos_2d(32, 4), atol=1e-6)
+    np.testing.assert_allclose(dit_embeddings.sincos_2d(32, 4), numpy_sincos_2d(32, 4), atol=1e-6)
 
 
 @pytest.mark.parametrize("dim", [16, 17])
 def test_timestep_embedding_both_conventions(dim):
     t = np.array([0.0, 1.0, 17.0, 999.0])
-    np.testing.assert_allclose(dit.timestep_embedding(t, dim), numpy_timestep_dit(t, dim), atol=2e-4)
+    np.testing.assert_allclose(dit_embeddings.timestep_embedding(t, dim), numpy_timestep_dit(t, dim), atol=2e-4)
     if dim % 2 == 0:
-        got = dit.timestep_embedding(t, dim, freq_shift=1.0)
+        got = dit_embeddings.timestep_embedding(t, dim, freq_shift=1.0)
         np.testing.assert_allclose(got, numpy_timestep_diffusers(t, dim), atol=2e-4)
         assert not np.allclose(got, numpy_timestep_dit(t, dim), atol=1e-2)  # the conventions really differ
 
@@ -160,7 +161,8 @@ def test_forward_matches_numpy_on_random_weights():
     np.testing.assert_allclose(out, numpy_forward(params, x, t, y, CONFIG), rtol=2e-4, atol=2e-4)
     loop = dataclasses.replace(CONFIG, layers="loop")
     np.testing.assert_allclose(apply(params, x, t, y, loop), out, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(jax.jit(dit.velocity, static_argnums=4)(params, x, t, y, CONFIG), out[..., :2], atol=1e-5)
+    velocity = jax.jit(dit.velocity, static_argnums=4)(params, x, t, y, CONFIG)
+    np.testing.assert_allclose(velocity, out[..., :2], atol=1e-5)
 
 
 def test_init_follows_dit():
@@ -192,7 +194,7 @@ def test_masking_keeps_a_fixed_number_of_whole_patches():
     params, (x, t, y) = random_params(MICRO), inputs(MICRO)
     out, kept = apply_masked(params, x, t, y, MICRO, key=jax.random.key(5), mask_ratio=0.75)
     assert kept.shape == (B, 8, 8, 1)
-    per_patch = np.asarray(dit.patchify(kept, 2))  # (batch, 16 patches, 4 pixels)
+    per_patch = np.asarray(dit_embeddings.patchify(kept, 2))  # (batch, 16 patches, 4 pixels)
     assert (per_patch.all(-1) | ~per_patch.any(-1)).all()  # whole patches
     np.testing.assert_array_equal(per_patch.all(-1).sum(1), 4)  # 16 - round(0.75 * 16)
     assert not np.any(np.asarray(out)[~np.broadcast_to(kept, out.shape)])  # dropped patches output 0
@@ -226,7 +228,7 @@ def test_mixture_of_experts_matches_numpy(top_k):
     params = random_params(config)
     moe = jax.tree.map(lambda a: a[0], params["blocks"]["moe"])
     h = np.random.default_rng(7).normal(size=(2, 5, 32))
-    got = jax.jit(dit.moe_apply, static_argnums=2)(moe, jnp.asarray(h, jnp.float32), top_k)
+    got = jax.jit(dit_moe.apply, static_argnames="top_k")(moe, jnp.asarray(h, jnp.float32), top_k=top_k)
 
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), moe)
     gelu = lambda a: 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * (a + 0.044715 * a**3)))  # noqa: E731
@@ -237,7 +239,7 @@ def test_mixture_of_experts_matches_numpy(top_k):
             probs = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
             top = np.argsort(-probs)[:top_k]
             for e in top:
-                q = jax.tree.map(lambda a: a[e], p["experts"])
+                q = jax.tree.map(lambda a, i=e: a[i], p["experts"])
                 expert = gelu(h[b, s] @ q["fc"]["w"] + q["fc"]["b"]) @ q["proj"]["w"] + q["proj"]["b"]
                 gate = probs[e] if top_k == 1 else probs[e] / probs[top].sum()  # Switch's gate; Mixtral's
                 want[b, s] += gate * expert
@@ -252,7 +254,7 @@ def test_the_router_learns_with_one_expert_per_token_and_starts_untied():
     config = dataclasses.replace(CONFIG, n_experts=4, top_k=1)
     moe = jax.tree.map(lambda a: a[0], dit.init(jax.random.key(0), config)["blocks"]["moe"])
     h = jnp.asarray(np.random.default_rng(7).normal(size=(2, 5, 32)), jnp.float32)
-    grad = jax.grad(lambda p: jnp.sum(dit.moe_apply(p, h, 1) ** 2))(moe)
+    grad = jax.grad(lambda p: jnp.sum(dit_moe.apply(p, h, top_k=1) ** 2))(moe)
     assert float(jnp.abs(grad["router"]["w"]).max()) > 1e-3
     chosen = jnp.argmax(h @ moe["router"]["w"], axis=-1)
     assert len(set(np.asarray(chosen).ravel().tolist())) > 1
@@ -286,6 +288,8 @@ def test_a_missing_mixer_block_is_named():
         ({"n_head": 5}, "not divisible by n_head"),
         ({"n_experts": 2, "top_k": 3}, "top_k=3 is more than n_experts=2"),
         ({"freq_shift": 8.0}, "freq_shift"),
+        ({"mlp_norm_eps": 0.0}, "mlp_norm_eps must be positive"),
+        ({"time_scale": float("nan")}, "time_scale must be positive"),
     ],
 )
 def test_impossible_configs_are_rejected(fields, message):

@@ -1,6 +1,7 @@
-"""models.gpt against an independent float64 numpy GPT and nanoGPT's plain generation loop: the forward pass,
-causality, the key/value cache, generation past block_size, scan against loop, the initialisation, dtype
-policies, accounting, and every error."""
+"""models.gpt against an independent float64 numpy GPT: the forward pass, the loss, causality, scan against
+loop, dropout keys, the initialisation, dtype policies, accounting, tensor parallelism's axis, and every error.
+Decoding is tested in test_gpt_decode.py, surgery in test_gpt_surgery.py, the mesh in test_gpt_parallel.py and
+tests/purejax/parallel/."""
 
 import dataclasses
 import functools
@@ -14,9 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from purejax.models import gpt
-from purejax import sampling
 from purejax import tree as tree_lib
+from purejax.models import gpt
 from purejax.precision import Policy, with_policy
 
 CONFIG = gpt.GPTConfig(block_size=8, vocab_size=37, n_layer=2, n_head=4, n_embd=32)
@@ -72,7 +72,7 @@ def numpy_forward(params, idx, config):
 
     x = p["wte"]["w"][idx] + p["wpe"]["w"][:t]
     for layer in range(config.n_layer):
-        q = jax.tree.map(lambda a: a[layer], p["blocks"])
+        q = jax.tree.map(lambda a, layer=layer: a[layer], p["blocks"])
         qkv = linear(layer_norm(x, q["ln_1"]), q["attn"]["qkv"]).reshape(b, t, n, 3, d)  # per head: q, k, v
         heads = [qkv[:, :, :, j].transpose(0, 2, 1, 3) for j in range(3)]
         logits = heads[0] @ heads[1].transpose(0, 1, 3, 2) / np.sqrt(d)
@@ -135,8 +135,8 @@ def test_scan_and_loop_agree_in_values_and_gradients_with_dropout():
     """The same maths both ways, dropout masks included (each layer's key is fold_in(key, layer) either way).
     Not bit-identical: XLA fuses the unrolled loop differently, so they agree to float32 rounding."""
     params, key = make_params(), jax.random.key(7)
-    v_scan, g_scan = value_and_grad(params, BATCH, DROPOUT, key)
-    v_loop, g_loop = value_and_grad(params, BATCH, dataclasses.replace(DROPOUT, layers="loop"), key)
+    v_scan, g_scan = value_and_grad(params, BATCH, DROPOUT, key=key)
+    v_loop, g_loop = value_and_grad(params, BATCH, dataclasses.replace(DROPOUT, layers="loop"), key=key)
     np.testing.assert_allclose(v_scan, v_loop, rtol=1e-6)
     chex.assert_trees_all_close(g_scan, g_loop, rtol=1e-5, atol=1e-6)
 
@@ -145,7 +145,7 @@ def test_dropout_is_on_only_with_a_key_and_is_reproducible():
     params = make_params()
     evaluation = loss(params, BATCH, DROPOUT)
     np.testing.assert_array_equal(evaluation, loss(params, BATCH, CONFIG))  # no key: the rate does not matter
-    a, again, other = (value_and_grad(params, BATCH, DROPOUT, jax.random.key(i))[0] for i in (7, 7, 8))
+    a, again, other = (value_and_grad(params, BATCH, DROPOUT, key=jax.random.key(i))[0] for i in (7, 7, 8))
     assert a == again and a != other and a != evaluation
 
 
@@ -190,117 +190,6 @@ def test_initialisation_statistics_are_nanogpts():
             np.testing.assert_allclose(leaf.std(), want, rtol=4 / math.sqrt(2 * leaf.size), err_msg=path)
 
 
-# ---------------------------------------------------------------- the key/value cache
-
-
-@pytest.mark.parametrize("config", [CONFIG, LOOP], ids=["scan", "loop"])
-def test_cached_decoding_equals_the_full_forward(config):
-    params, idx = make_params(), tokens((B, 8))
-    full = apply(params, idx, config)
-    logits, cache = apply(params, idx[:, :3], config, cache=gpt.init_cache(config, B))  # the prompt at once
-    np.testing.assert_allclose(logits, full[:, :3], rtol=1e-5, atol=1e-5)
-    for t in range(3, 8):  # then one token at a time
-        logits, cache = apply(params, idx[:, t : t + 1], config, cache=cache)
-        np.testing.assert_allclose(logits[:, 0], full[:, t], rtol=1e-5, atol=1e-5)
-    np.testing.assert_array_equal(cache["index"], [8] * config.n_layer)
-    chex.assert_shape(cache["k"], (config.n_layer, B, config.block_size, config.n_head, config.n_embd // config.n_head))
-
-    # past block_size there is no position left: the output is NaN, not silently wrong
-    logits, _ = apply(params, idx[:, :1], config, cache=cache)
-    assert np.isnan(logits).all()
-
-
-# ---------------------------------------------------------------- generation
-
-
-@functools.cache
-def naive_step(length):
-    """nanoGPT's generation step for one context length: the whole context forward, the last logits sampled."""
-
-    @jax.jit
-    def step(params, context, key, temperature, top_p):
-        logits = gpt.apply(params, context, CONFIG)[:, -1]
-        return sampling.sample(key, logits, temperature=temperature, top_k=5, top_p=top_p)
-
-    return step
-
-
-def naive_generate(params, prompt, key, max_new_tokens, temperature, top_p):
-    """nanoGPT's loop, written plainly: crop to the last block_size tokens, run the whole context, sample."""
-    idx = prompt
-    for i in range(max_new_tokens):
-        context = idx[:, -CONFIG.block_size :]
-        next_id = naive_step(context.shape[1])(params, context, jax.random.fold_in(key, i), temperature, top_p)
-        idx = jnp.concatenate([idx, next_id[:, None]], axis=1)
-    return idx
-
-
-@pytest.mark.parametrize("prompt_len, max_new", [(7, 5), (11, 4)], ids=["fills-then-slides", "prompt-cropped"])
-@pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "sampled"])
-def test_generate_equals_nanogpts_loop_past_block_size(prompt_len, max_new, temperature):
-    """(7, 5): the cache holds the prompt and the first new token, then the sequence outgrows block_size=8
-    and every later step recomputes the last 8 tokens. (11, 4): the prompt itself is cropped to its last 8."""
-    params, prompt, key = make_params(), tokens((B, prompt_len), seed=4), jax.random.key(5)
-    out = gpt.generate(params, prompt, CONFIG, key, max_new_tokens=max_new, temperature=temperature, top_k=5, top_p=0.9)
-    chex.assert_shape(out, (B, prompt_len + max_new))
-    assert out.dtype == jnp.int32
-    np.testing.assert_array_equal(out, naive_generate(params, prompt, key, max_new, temperature, 0.9))
-
-
-def test_generate_compiles_once():
-    """Calls that differ in params values, key, temperature and top_p compile at most once between them
-    (once in all if an earlier test compiled this shape), and the compiled program does not grow with the
-    number of tokens: one scan step, not an unrolled loop."""
-    params, prompt, keys = make_params(), tokens((B, 7), seed=4), [jax.random.key(i) for i in range(3)]
-    params2 = jax.tree.map(lambda a: a * 1.5, params)
-    compiles = []
-
-    def listener(event, duration, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiles.append(event)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        calls = [(params, keys[0], 0.8, 0.9), (params2, keys[1], 1.3, 0.5), (params, keys[2], 0.0, 0.7)]
-        for p, key, temperature, top_p in calls:
-            gpt.generate(p, prompt, CONFIG, key, max_new_tokens=5, temperature=temperature, top_k=5, top_p=top_p)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
-    assert len(compiles) <= 1
-
-    def program_lines(max_new_tokens):
-        fn = jax.jit(partial(gpt.generate, config=CONFIG, max_new_tokens=max_new_tokens, top_k=5))
-        return len(fn.lower(params, prompt, key=keys[0], temperature=0.8, top_p=0.9).as_text().splitlines())
-
-    assert program_lines(5) == program_lines(50)
-
-
-def test_zero_new_tokens_returns_the_prompt():
-    prompt = tokens((B, 3)).astype(jnp.uint16)
-    out = gpt.generate(make_params(), prompt, CONFIG, jax.random.key(0), max_new_tokens=0)
-    assert out.dtype == jnp.int32
-    np.testing.assert_array_equal(out, prompt)
-
-
-@pytest.mark.parametrize(
-    "kwargs, message",
-    [
-        (dict(max_new_tokens=-1), "max_new_tokens must be an int >= 0"),
-        (dict(max_new_tokens=2, temperature=-0.5), "temperature must be >= 0"),
-        (dict(max_new_tokens=2, top_k=0), "top_k must be a positive int"),
-        (dict(max_new_tokens=2, top_p=1.5), r"top_p must be in \(0, 1\]"),
-    ],
-)
-def test_generate_rejects_bad_arguments(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        gpt.generate(make_params(), tokens((B, 3)), CONFIG, jax.random.key(0), **kwargs)
-
-
-def test_generate_rejects_an_empty_prompt():
-    with pytest.raises(ValueError, match="the prompt is empty"):
-        gpt.generate(make_params(), jnp.zeros((B, 0), jnp.int32), CONFIG, jax.random.key(0), max_new_tokens=2)
-
-
 # ---------------------------------------------------------------- precision
 
 
@@ -323,29 +212,6 @@ def test_a_low_precision_policy_runs_close_to_float32(compute, config):
 
 
 # ---------------------------------------------------------------- surgery and accounting
-
-
-def test_crop_block_size_keeps_the_first_positions():
-    params, idx = make_params(), tokens((B, 5))
-    cropped, config = gpt.crop_block_size(params, CONFIG, 5)
-    assert config.block_size == 5 and cropped["wpe"]["w"].shape == (5, CONFIG.n_embd)
-    logits = apply(cropped, idx.astype(jnp.uint16), config)  # token files are often uint16
-    np.testing.assert_allclose(logits, numpy_forward(params, idx, CONFIG), rtol=1e-4, atol=1e-4)
-    for bad in (0, 9):
-        with pytest.raises(ValueError, match=r"block_size must be an int in \[1, 8\]"):
-            gpt.crop_block_size(params, CONFIG, bad)
-
-
-def test_crop_vocab_keeps_the_real_tokens_logits_and_drops_the_padding():
-    params, idx = make_params(), tokens((B, 5))
-    real = CONFIG.vocab_size - 3  # as if the last 3 ids were padding no tokenizer decodes
-    cropped, config = gpt.crop_vocab(params, CONFIG, real)
-    assert config.vocab_size == real and cropped["wte"]["w"].shape == (real, CONFIG.n_embd)
-    logits = apply(cropped, idx % real, config)
-    np.testing.assert_allclose(logits, apply(params, idx % real, CONFIG)[..., :real], rtol=1e-5, atol=1e-5)
-    for bad in (0, CONFIG.vocab_size + 1, True):
-        with pytest.raises(ValueError, match=rf"vocab_size must be an int in \[1, {CONFIG.vocab_size}\]"):
-            gpt.crop_vocab(params, CONFIG, bad)
 
 
 def test_parameter_counts_match_nanogpts_gpt2_small():
@@ -392,6 +258,14 @@ def test_impossible_configs_are_rejected(kwargs, message):
         dataclasses.replace(CONFIG, **kwargs)
 
 
+def test_key_is_keyword_only_and_apply_returns_logits_alone():
+    """The layer contract: randomness only from a keyword `key`; one return type (decoding: gpt_decode)."""
+    params, key = make_params(), jax.random.key(0)
+    with pytest.raises(TypeError):
+        gpt.loss(params, BATCH, DROPOUT, key)  # a positional key is refused
+    assert isinstance(apply(params, BATCH[0], DROPOUT, key=key), jax.Array)
+
+
 def test_bad_inputs_are_rejected_with_what_is_wrong():
     params = make_params()
     with pytest.raises(ValueError, match="cannot forward a sequence of length 9, block_size is only 8"):
@@ -402,35 +276,3 @@ def test_bad_inputs_are_rejected_with_what_is_wrong():
         gpt.apply(params, tokens((B, 4)), dataclasses.replace(CONFIG, n_layer=3))
     with pytest.raises(KeyError, match=r"missing keys \['ln_f'\]"):
         gpt.apply({k: v for k, v in params.items() if k != "ln_f"}, tokens((B, 4)), CONFIG)
-    deeper = dataclasses.replace(CONFIG, n_layer=3)
-    with pytest.raises(ValueError, match="the cache has 3 layers, the config 2"):
-        gpt.apply(params, tokens((B, 1)), CONFIG, cache=gpt.init_cache(deeper, B))
-
-
-# ---------------------------------------------------------------- sharding specs (the mesh runs: tests/purejax/parallel)
-
-
-def test_param_specs_cover_every_param_megatron_style():
-    from jax.sharding import PartitionSpec as P
-
-    from purejax.parallel import MeshAxes
-
-    config = dataclasses.replace(CONFIG, vocab_size=40)
-    specs = tree_lib.flatten(gpt.param_specs(config, MeshAxes("data", "model"), {"data": 2, "model": 4}))
-    assert specs["wte.w"] == P("model", None) and specs["wpe.w"] == P()
-    assert specs["blocks.attn.qkv.w"] == P(None, None, "model") and specs["blocks.attn.proj.w"] == P(None, "model", None)
-    assert specs["blocks.mlp.fc.b"] == P(None, "model") and specs["blocks.mlp.proj.b"] == P()
-    fsdp = tree_lib.flatten(gpt.param_specs(config, MeshAxes("data", "model", fsdp=True), {"data": 2, "model": 4}))
-    assert fsdp["wte.w"] == P("model", "data") and fsdp["blocks.mlp.proj.w"] == P(None, "model", "data")
-    assert fsdp["blocks.ln_1.scale"] == P()  # vectors stay replicated
-    assert set(specs) == set(tree_lib.flatten(make_params()))
-
-
-def test_param_specs_name_what_tensor_parallelism_cannot_split():
-    from purejax.parallel import MeshAxes
-
-    axes = MeshAxes(model="model")
-    with pytest.raises(ValueError, match="n_head=4 cannot be split over the 8 devices .* divisible by 8"):
-        gpt.param_specs(CONFIG, axes, {"model": 8})
-    with pytest.raises(ValueError, match="vocab_size=37 cannot be split over the 2 devices .* pads it up"):
-        gpt.param_specs(CONFIG, axes, {"model": 2})

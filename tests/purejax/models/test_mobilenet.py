@@ -8,11 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from purejax.models import mobilenet
 from purejax import tree as tree_lib
+from purejax.models import mobilenet
 
-SMALL_V2 = mobilenet.MobileNetConfig(num_classes=10, image_size=8, in_channels=1, width=0.25)
-SMALL_V1 = mobilenet.MobileNetConfig(version="v1", num_classes=10, image_size=8, in_channels=1, width=0.25)
+SMALL_V2 = mobilenet.MobileNetConfig(n_classes=10, image_size=8, in_channels=1, width_mult=0.25)
+SMALL_V1 = mobilenet.MobileNetConfig(version="v1", n_classes=10, image_size=8, in_channels=1, width_mult=0.25)
 
 
 def random_tree(like, seed):
@@ -59,10 +59,10 @@ def test_small_images_turn_the_earliest_stride_2_layers_into_stride_1(size, down
 
 def test_width_multiplier_rounds_channels_as_torchvision():
     assert [mobilenet.make_divisible(c) for c in (11.2, 8.4, 3, 1280 * 0.5, 24 * 0.35, 160 * 1.4)] == [16, 8, 8, 640, 8, 224]
-    config = mobilenet.MobileNetConfig(width=0.35)  # torchvision mobilenet_v2(width_mult=0.35)
+    config = mobilenet.MobileNetConfig(width_mult=0.35)  # torchvision mobilenet_v2(width_mult=0.35)
     assert config.stem_channels == 16 and config.last_channels == 1280
     assert [b.out_channels for b in config.blocks()][::4] == [8, 16, 24, 32, 112]
-    assert mobilenet.MobileNetConfig(width=1.4).last_channels == 1792
+    assert mobilenet.MobileNetConfig(width_mult=1.4).last_channels == 1792
 
 
 def test_layer_table_describes_every_layer():
@@ -107,7 +107,8 @@ def test_v1_eval_forward_matches_numpy():
         h = np_unit(params[b.name]["depthwise"], state[b.name]["depthwise"], h, b.stride, h.shape[-1])
         h = np_unit(params[b.name]["pointwise"], state[b.name]["pointwise"], h, 1, 1)
     expected = h.mean(axis=(1, 2)) @ np.asarray(params["classifier"]["w"], np.float64) + np.asarray(params["classifier"]["b"])
-    logits, _ = jax.jit(mobilenet.apply, static_argnums=3, static_argnames="train")(params, state, x.astype(np.float32), config, train=False)
+    apply = jax.jit(mobilenet.apply, static_argnums=3, static_argnames="train")
+    logits, _ = apply(params, x.astype(np.float32), state, config, train=False)
     np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-4)
 
 
@@ -120,7 +121,7 @@ def v2():
     like_p, like_s = shapes(SMALL_V2)
     params, state = random_tree(like_p, 4), random_tree(like_s, 5)
     x = np.random.default_rng(3).uniform(0, 1, (8, 8, 8, 1)).astype(np.float32)
-    out = jax.jit(lambda p, s, x: mobilenet.apply(p, s, x, SMALL_V2, train=True))(params, state, x)
+    out = jax.jit(lambda p, s, x: mobilenet.apply(p, x, s, SMALL_V2, train=True))(params, state, x)
     return params, state, x, out
 
 
@@ -139,7 +140,7 @@ def test_train_mode_updates_running_statistics_as_torch(v2):
 
 def test_axis_name_gives_the_statistics_of_the_concatenated_batch(v2):
     params, state, x, one = v2
-    sharded = jax.jit(jax.vmap(lambda x: mobilenet.apply(params, state, x, SMALL_V2, train=True, axis_name="data"),
+    sharded = jax.jit(jax.vmap(lambda x: mobilenet.apply(params, x, state, SMALL_V2, train=True, axis_name="data"),
                                axis_name="data"))(x.reshape(2, 4, 8, 8, 1))  # fmt: skip
     np.testing.assert_allclose(sharded[0].reshape(8, 10), one[0], rtol=2e-4, atol=2e-5)
     for a, b in zip(jax.tree.leaves(sharded[1]), jax.tree.leaves(one[1])):
@@ -151,7 +152,7 @@ def test_xla_depthwise_path_agrees_with_the_shifts_path(v2):
     params, state, x, (auto, _) = v2  # "auto" is the shifts path on CPU
     assert jax.default_backend() != "cpu" or SMALL_V2.depthwise_impl == "auto"
     config = mobilenet.MobileNetConfig(**{**SMALL_V2.__dict__, "depthwise_impl": "xla" if jax.default_backend() == "cpu" else "shifts"})
-    other, _ = jax.jit(lambda p, s, x: mobilenet.apply(p, s, x, config, train=True))(params, state, x)
+    other, _ = jax.jit(lambda p, s, x: mobilenet.apply(p, x, s, config, train=True))(params, state, x)
     np.testing.assert_allclose(other, auto, rtol=1e-4, atol=1e-5)
 
 
@@ -160,13 +161,15 @@ def test_xla_depthwise_path_agrees_with_the_shifts_path(v2):
 
 def test_errors_name_what_is_wrong(v2):
     params, state, x, _ = v2
-    with pytest.raises(ValueError, match=r"x must be \(batch, height, width, 1\)"):
-        mobilenet.apply(params, state, np.zeros((2, 8, 8, 3), np.float32), SMALL_V2, train=False)
+    message = r"mobilenet: x has shape \(2, 8, 8, 3\), expected \(batch, height, width, 1\) to match config.in_channels"
+    with pytest.raises(ValueError, match=message):
+        mobilenet.apply(params, np.zeros((2, 8, 8, 3), np.float32), state, SMALL_V2, train=False)
     with pytest.raises(KeyError, match="missing keys \\['last'\\]"):
-        mobilenet.apply({k: v for k, v in params.items() if k != "last"}, state, x, SMALL_V2, train=False)
+        mobilenet.apply({k: v for k, v in params.items() if k != "last"}, x, state, SMALL_V2, train=False)
     with pytest.raises(KeyError, match="state"):
-        mobilenet.apply(params, {}, x, SMALL_V2, train=False)
-    for bad, match in [({"version": "v3"}, "version"), ({"width": 0.0}, "width"), ({"num_downsamples": 6}, "num_downsamples"),
-                       ({"num_classes": 1}, "num_classes"), ({"dropout": 1.0}, "dropout"), ({"depthwise_impl": "fft"}, "depthwise_impl")]:  # fmt: skip
+        mobilenet.apply(params, x, {}, SMALL_V2, train=False)
+    for bad, match in [({"version": "v3"}, "version"), ({"width_mult": 0.0}, "width_mult"),
+                       ({"num_downsamples": 6}, "num_downsamples"), ({"n_classes": 1}, "n_classes"),
+                       ({"dropout": 1.0}, "dropout"), ({"depthwise_impl": "fft"}, "depthwise_impl")]:  # fmt: skip
         with pytest.raises((ValueError, TypeError), match=match):  # TypeError: the test-time type checker
             mobilenet.MobileNetConfig(**bad)

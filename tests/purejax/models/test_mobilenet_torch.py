@@ -13,9 +13,9 @@ import jax
 import numpy as np
 import pytest
 
-from purejax.models import mobilenet, mobilenet_torch
 from purejax import safetensors
 from purejax import tree as tree_lib
+from purejax.models import mobilenet, mobilenet_torch
 
 # torchvision's MobileNetV2, written out independently of purejax/models/mobilenet.py: (t, c, n, s) per stage.
 TORCHVISION_STAGES = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
@@ -140,10 +140,11 @@ def fixture_file(tmp_path_factory):
 def test_imported_weights_match_the_numpy_torchvision_forward(fixture_file):
     """torchvision's exact network (five stride-2 layers) on 32x32 inputs, against the float64 reference."""
     path, sd = fixture_file
-    config = mobilenet.MobileNetConfig(num_classes=5, image_size=32, width=0.25, num_downsamples=5)
+    config = mobilenet.MobileNetConfig(n_classes=5, image_size=32, width_mult=0.25, num_downsamples=5)
     params, state = mobilenet_torch.load(path, config)
     x = images(2, 32, 3)
-    logits, same_state = jax.jit(mobilenet.apply, static_argnums=3, static_argnames="train")(params, state, x, config, train=False)
+    apply = jax.jit(mobilenet.apply, static_argnums=3, static_argnames="train")
+    logits, same_state = apply(params, x, state, config, train=False)
     np.testing.assert_allclose(logits, reference_forward(sd, x, TORCHVISION_STRIDES, 2), rtol=1e-4, atol=1e-4)
     assert tree_lib.diff(same_state, state).ok and all((a == b).all() for a, b in zip(jax.tree.leaves(same_state), jax.tree.leaves(state)))
     np.testing.assert_array_equal(state["block_3"]["expand"]["bn"]["var"], sd["features.4.conv.0.1.running_var"])
@@ -154,18 +155,19 @@ def test_imported_weights_match_the_numpy_torchvision_forward(fixture_file):
 def test_adapted_stem_for_small_images_matches_the_reference_with_those_strides(fixture_file):
     """The same weights at 8x8 with the small-image rule (one stride-2 layer, at the 160-channel stage)."""
     path, sd = fixture_file
-    config = mobilenet.MobileNetConfig(num_classes=5, image_size=8, width=0.25)
+    config = mobilenet.MobileNetConfig(n_classes=5, image_size=8, width_mult=0.25)
     strides = [1] * 13 + [2] + [1] * 3
     assert [b.stride for b in config.blocks()] == strides and config.stem_stride == 1
     params, state = mobilenet_torch.load(path, config)
     x = images(3, 8, 3)
-    logits, _ = jax.jit(mobilenet.apply, static_argnums=3, static_argnames="train")(params, state, x, config, train=False)
+    apply = jax.jit(mobilenet.apply, static_argnums=3, static_argnames="train")
+    logits, _ = apply(params, x, state, config, train=False)
     np.testing.assert_allclose(logits, reference_forward(sd, x, strides, 1), rtol=1e-4, atol=1e-4)
 
 
 def test_npz_files_load_the_same_and_export_round_trips(fixture_file, tmp_path):
     path, sd = fixture_file
-    config = mobilenet.MobileNetConfig(num_classes=5, width=0.25)
+    config = mobilenet.MobileNetConfig(n_classes=5, width_mult=0.25)
     np.savez(tmp_path / "sd.npz", **sd)
     params, state = mobilenet_torch.load(tmp_path / "sd.npz", config)
     again = mobilenet_torch.load(path, config)
@@ -180,7 +182,7 @@ def test_npz_files_load_the_same_and_export_round_trips(fixture_file, tmp_path):
 
 def test_every_mismatch_is_reported_at_once_by_torch_name(fixture_file):
     _, sd = fixture_file
-    config = mobilenet.MobileNetConfig(num_classes=5, width=0.25)
+    config = mobilenet.MobileNetConfig(n_classes=5, width_mult=0.25)
     bad = dict(sd)
     del bad["features.3.conv.1.0.weight"]
     bad["features.18.1.running_var"] = np.ones(3, np.float32)
@@ -191,12 +193,12 @@ def test_every_mismatch_is_reported_at_once_by_torch_name(fixture_file):
     for name in ("features.3.conv.1.0.weight", "features.18.1.running_var", "features.19.0.weight", "bad.safetensors"):
         assert name in message
     with pytest.raises(tree_lib.TreeMismatchError, match="classifier.1.weight"):  # a 10-class config for 5-class weights
-        mobilenet_torch.from_torchvision(sd, mobilenet.MobileNetConfig(num_classes=10, width=0.25))
+        mobilenet_torch.from_torchvision(sd, mobilenet.MobileNetConfig(n_classes=10, width_mult=0.25))
 
 
 def test_module_prefix_is_dropped_and_bad_files_are_named(fixture_file, tmp_path):
     _, sd = fixture_file
-    config = mobilenet.MobileNetConfig(num_classes=5, width=0.25)
+    config = mobilenet.MobileNetConfig(n_classes=5, width_mult=0.25)
     params, _ = mobilenet_torch.from_torchvision({f"module.{k}": v for k, v in sd.items()}, config)
     assert params["classifier"]["w"].shape == (1280, 5)
     (tmp_path / "w.pth").write_bytes(b"not read")
@@ -233,6 +235,7 @@ def test_real_imagenet_weights_match_the_reference_at_224():
     params, state = mobilenet_torch.from_torchvision(sd, config, source=str(path))
     assert tree_lib.count(params) == 3_504_872  # torchvision's documented parameter count
     x = images(2, 224, 3)
-    logits, _ = jax.jit(mobilenet.apply, static_argnums=3, static_argnames="train")(params, state, x, config, train=False)
+    apply = jax.jit(mobilenet.apply, static_argnums=3, static_argnames="train")
+    logits, _ = apply(params, x, state, config, train=False)
     assert logits.shape == (2, 1000)
     np.testing.assert_allclose(logits, reference_forward(sd, x, TORCHVISION_STRIDES, 2), rtol=1e-3, atol=1e-3)

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from purejax import random as prandom
 from purejax.models import dit
 from purejax.models import rectified_flow as rf
-from purejax import random as prandom
 
 FLOW = rf.FlowConfig(time_sampling="uniform", label_dropout=0.25, null_class=5)
 
@@ -32,7 +32,8 @@ def test_interpolate_and_per_sample_loss_match_numpy():
     got = rf.per_sample_loss(jnp.asarray(v), jnp.asarray(x), jnp.asarray(eps), jnp.asarray(kept))
     np.testing.assert_allclose(got, want, rtol=1e-5)
     v2 = np.where(kept, v, v + 100.0)  # what the model says about dropped pixels does not count
-    np.testing.assert_allclose(rf.per_sample_loss(jnp.asarray(v2), jnp.asarray(x), jnp.asarray(eps), jnp.asarray(kept)), got)
+    masked = rf.per_sample_loss(jnp.asarray(v2), jnp.asarray(x), jnp.asarray(eps), jnp.asarray(kept))
+    np.testing.assert_allclose(masked, got)
 
 
 def test_loss_assembles_the_draws_as_documented():
@@ -48,7 +49,7 @@ def test_loss_assembles_the_draws_as_documented():
         seen["y"] = y
         return params * z + t[:, None, None, None]
 
-    loss, aux = rf.loss(predict, 0.5, jnp.asarray(x), jnp.asarray(y), key, FLOW)
+    loss, aux = rf.loss(predict, 0.5, jnp.asarray(x), jnp.asarray(y), FLOW, key=key)
     keys = prandom.named_keys(key, "time", "noise", "labels", "model")
     t = np.asarray(jax.random.uniform(keys["time"], (64,)), np.float64)[:, None, None, None]
     eps = np.asarray(jax.random.normal(keys["noise"], x.shape), np.float64)
@@ -72,7 +73,7 @@ def test_time_and_noise_get_separate_keys():
         seen.update(z=z, t=t)
         return z
 
-    rf.loss(predict, None, x, y, jax.random.key(0), rf.FlowConfig(label_dropout=0.0, null_class=5))
+    rf.loss(predict, None, x, y, rf.FlowConfig(label_dropout=0.0, null_class=5), key=jax.random.key(0))
     logit_t = np.log(seen["t"] / (1 - seen["t"]))
     eps = np.asarray(seen["z"][:, 0] / seen["t"])
     assert abs(np.corrcoef(logit_t, eps)[0, 1]) < 0.1
@@ -149,16 +150,20 @@ def test_masked_microdit_loss_runs_through_the_flow():
     config = dit.DiTConfig(input_size=4, patch_size=2, in_channels=1, d_model=16, n_layer=1, n_head=2, n_classes=5,
                            learn_sigma=False, freq_dim=8, time_scale=1000.0, n_mixer=1)  # fmt: skip
     rng = np.random.default_rng(0)
-    params = jax.tree.map(lambda a: a + rng.normal(0, 0.2, a.shape).astype(np.float32), dit.init(jax.random.key(0), config))
+    noise = lambda a: a + rng.normal(0, 0.2, a.shape).astype(np.float32)  # noqa: E731
+    params = jax.tree.map(noise, dit.init(jax.random.key(0), config))
     x, y = jnp.asarray(rng.normal(size=(4, 4, 4, 1)), jnp.float32), jnp.asarray([0, 1, 2, 3])
 
     def masked(ratio):
         return lambda p, z, t, y, key: dit.apply_masked(p, z, t, y, config, key=key, mask_ratio=ratio)
 
+    def unmasked(p, z, t, y, key):
+        return dit.velocity(p, z, t, y, config)
+
     @jax.jit
     def losses(params):
-        plain = rf.loss(lambda p, z, t, y, key: dit.velocity(p, z, t, y, config), params, x, y, jax.random.key(2), FLOW)
-        return plain[0], rf.loss(masked(0.0), params, x, y, jax.random.key(2), FLOW)[0], rf.loss(masked(0.5), params, x, y, jax.random.key(2), FLOW)[0]
+        return tuple(rf.loss(predict, params, x, y, FLOW, key=jax.random.key(2))[0]
+                     for predict in (unmasked, masked(0.0), masked(0.5)))  # fmt: skip
 
     plain, zero, half = losses(params)
     np.testing.assert_allclose(zero, plain, rtol=1e-5)
@@ -168,10 +173,12 @@ def test_masked_microdit_loss_runs_through_the_flow():
 def test_bad_arguments_are_rejected():
     with pytest.raises(ValueError, match="logit_std and shift must be positive"):
         rf.FlowConfig(shift=0.0, null_class=5)
+    with pytest.raises(ValueError, match="logit_std and shift must be positive"):
+        rf.FlowConfig(logit_std=float("nan"), null_class=5)  # NaN compares false with everything
     with pytest.raises(ValueError, match="label_dropout"):
         rf.FlowConfig(label_dropout=1.5, null_class=5)
     with pytest.raises(ValueError, match="n_steps must be a positive int"):
         rf.sample(point_velocity, 1.0, jax.random.key(0), jnp.asarray([0]), shape=(2,), n_steps=0, null_class=2)
     with pytest.raises(ValueError, match="predict returned shape"):
-        rf.loss(lambda p, z, t, y, k: jnp.concatenate([z, z], -1), None, jnp.zeros((2, 3)), jnp.zeros(2, jnp.int32),
-                jax.random.key(0), FLOW)  # fmt: skip
+        rf.loss(lambda p, z, t, y, key: jnp.concatenate([z, z], -1), None, jnp.zeros((2, 3)), jnp.zeros(2, jnp.int32),
+                FLOW, key=jax.random.key(0))  # fmt: skip

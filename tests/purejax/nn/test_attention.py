@@ -1,5 +1,5 @@
-"""purejax.nn.attention against an independent numpy float64 multi-head attention; both formulations, the
-key/value cache, causality, grouped heads, dropout, bfloat16 and the errors."""
+"""purejax.nn.attention (and attention_cache, its decoding) against an independent numpy float64 multi-head
+attention; both formulations, the key/value cache, causality, grouped heads, dropout, bfloat16 and the errors."""
 
 import chex
 import jax
@@ -8,13 +8,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from purejax.nn import attention, initializers
+from purejax.nn import attention, attention_cache, initializers
 from purejax.nn.attention import AttentionConfig
 
 B, T, D = 2, 6, 16
 
 # jitted once per config: eager dispatch would compile every primitive separately, which is slower in tests
 apply = jax.jit(attention.apply, static_argnums=2)
+decode = jax.jit(attention_cache.decode, static_argnums=3)
+init_cache = attention_cache.init_cache
 
 
 def make(config, seed=0):
@@ -128,18 +130,18 @@ def test_cached_decoding_equals_full_forward(config):
 
     # one token at a time, under lax.scan
     def step(cache, x_t):
-        y_t, cache = apply(params, x_t[:, None], config, cache=cache)
+        y_t, cache = decode(params, x_t[:, None], cache, config)
         return cache, y_t[:, 0]
 
-    cache, ys = jax.lax.scan(step, attention.init_cache(config, B, max_len), jnp.swapaxes(x, 0, 1))
+    cache, ys = jax.lax.scan(step, init_cache(config, B, max_len), jnp.swapaxes(x, 0, 1))
     np.testing.assert_allclose(jnp.swapaxes(ys, 0, 1), full, rtol=1e-5, atol=1e-5)
     assert int(cache["index"]) == T
 
     # a prompt of 4 tokens, then the rest one by one
-    y_prompt, cache = apply(params, x[:, :4], config, cache=attention.init_cache(config, B, max_len))
+    y_prompt, cache = decode(params, x[:, :4], init_cache(config, B, max_len), config)
     np.testing.assert_allclose(y_prompt, full[:, :4], rtol=1e-5, atol=1e-5)
     for t in range(4, T):
-        y_t, cache = apply(params, x[:, t : t + 1], config, cache=cache)
+        y_t, cache = decode(params, x[:, t : t + 1], cache, config)
         np.testing.assert_allclose(y_t[:, 0], full[:, t], rtol=1e-5, atol=1e-5)
 
 
@@ -148,8 +150,8 @@ def test_cached_decoding_with_a_padding_mask_over_cache_positions():
     params, x = make(config)
     padding = jnp.asarray(np.arange(T)[None, :] != 1)[:, None, None, :]  # key position 1 hidden, (1, 1, 1, T)
     full = apply(params, x, config, mask=padding)
-    y0, cache = apply(params, x[:, :3], config, mask=padding, cache=attention.init_cache(config, B, T))
-    y1, _ = apply(params, x[:, 3:], config, mask=padding, cache=cache)
+    y0, cache = decode(params, x[:, :3], init_cache(config, B, T), config, mask=padding)
+    y1, _ = decode(params, x[:, 3:], cache, config, mask=padding)
     np.testing.assert_allclose(jnp.concatenate([y0, y1], axis=1), full, rtol=1e-5, atol=1e-5)
 
 
@@ -159,16 +161,16 @@ def test_decoding_under_scan_traces_once():
 
     @chex.assert_max_traces(n=1)
     def step(cache, x_t):
-        y_t, cache = apply(params, x_t[:, None], config, cache=cache)
+        y_t, cache = attention_cache.decode(params, x_t[:, None], cache, config)
         return cache, y_t[:, 0]
 
     @jax.jit
-    def decode(cache, xs):
+    def decode_all(cache, xs):
         return jax.lax.scan(step, cache, xs)
 
     xs = jnp.swapaxes(x, 0, 1)
-    cache, _ = decode(attention.init_cache(config, B, 2 * T), xs)
-    cache, ys = decode(cache, xs)  # another start index: a traced value, so no retrace
+    cache, _ = decode_all(init_cache(config, B, 2 * T), xs)
+    cache, ys = decode_all(cache, xs)  # another start index: a traced value, so no retrace
     assert int(cache["index"]) == 2 * T
     assert np.isfinite(ys).all()
 
@@ -176,8 +178,8 @@ def test_decoding_under_scan_traces_once():
 def test_writing_past_the_cache_gives_nan_not_a_silent_answer():
     config = AttentionConfig(D, 4)
     params, x = make(config)
-    _, cache = apply(params, x[:, :4], config, cache=attention.init_cache(config, B, T))
-    y, _ = apply(params, x[:, :4], config, cache=cache)  # positions 4..7 of a 6-long cache
+    _, cache = decode(params, x[:, :4], init_cache(config, B, T), config)
+    y, _ = decode(params, x[:, :4], cache, config)  # positions 4..7 of a 6-long cache
     assert np.isnan(y).all()
 
 
@@ -218,7 +220,7 @@ def test_bfloat16_computation_reads_a_float32_cache():
     config = AttentionConfig(D, 4)
     params, x = make(config)
     params16, x16 = jax.tree.map(lambda a: a.astype(jnp.bfloat16), (params, x))
-    y, cache = apply(params16, x16, config, cache=attention.init_cache(config, B, T, jnp.float32))
+    y, cache = decode(params16, x16, init_cache(config, B, T, jnp.float32), config)
     assert y.dtype == jnp.bfloat16 and cache["k"].dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(y, np.float32), apply(params, x, config), atol=5e-2, rtol=5e-2)
 
@@ -232,7 +234,7 @@ def _eqns(jaxpr):
 
 def test_params_layout_and_init_options():
     config = AttentionConfig(D, 4, n_kv_head=2)
-    params = attention.init(jax.random.key(0), config, proj_init=initializers.zeros)
+    params = attention.init(jax.random.key(0), config, proj_init=initializers.zeros())
     chex.assert_shape(params["qkv"]["w"], (D, (4 + 2 * 2) * 4))
     np.testing.assert_array_equal(params["proj"]["w"], 0.0)
     assert "b" not in attention.init(jax.random.key(0), AttentionConfig(D, 4, bias=False))["qkv"]
@@ -281,16 +283,16 @@ def test_wrong_caches_give_clear_errors():
     params, x = make(config)
     wrong_heads = r"cache\['k'\] has shape \(2, 8, 2, 4\), expected \(batch=2, max_len, n_kv_head=4"
     with pytest.raises(ValueError, match=wrong_heads):
-        attention.apply(params, x, config, cache=attention.init_cache(AttentionConfig(D, 4, n_kv_head=2), B, 8))
+        attention_cache.decode(params, x, init_cache(AttentionConfig(D, 4, n_kv_head=2), B, 8), config)
     with pytest.raises(ValueError, match=r"cache\['k'\] has shape \(3, 8, 4, 4\), expected \(batch=2"):
-        attention.apply(params, x, config, cache=attention.init_cache(config, 3, 8))
+        attention_cache.decode(params, x, init_cache(config, 3, 8), config)
     with pytest.raises(ValueError, match="seq=6 tokens, more than the cache's max_len=4"):
-        attention.apply(params, x, config, cache=attention.init_cache(config, B, 4))
+        attention_cache.decode(params, x, init_cache(config, B, 4), config)
     with pytest.raises(KeyError, match=r"attention cache: params have missing keys \['index'\]"):
-        attention.apply(params, x, config, cache={"k": jnp.zeros((B, 8, 4, 4)), "v": jnp.zeros((B, 8, 4, 4))})
-    bad_index = {**attention.init_cache(config, B, 8), "index": jnp.zeros((1,), jnp.int32)}
+        attention_cache.decode(params, x, {"k": jnp.zeros((B, 8, 4, 4)), "v": jnp.zeros((B, 8, 4, 4))}, config)
+    bad_index = {**init_cache(config, B, 8), "index": jnp.zeros((1,), jnp.int32)}
     with pytest.raises(ValueError, match=r"cache\['index'\] must be an integer scalar, got int32\[1\]"):
-        attention.apply(params, x, config, cache=bad_index)
+        attention_cache.decode(params, x, bad_index, config)
 
 
 def test_auto_runs_float16_under_jit():

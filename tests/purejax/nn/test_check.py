@@ -1,12 +1,12 @@
 """purejax.nn._check: the shared trace-time checks behind every layer's "bad input" errors, tested directly
-(the layer tests check the messages as users see them)."""
+(the layer tests check the messages as users see them): chex's predicates, purejax's ValueError and words."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from purejax.nn._check import check_dim, check_keys, check_rate
+from purejax.nn._check import check_dim, check_keys, check_rate, check_same_leading_axis, check_shape
 
 
 def test_check_keys_accepts_required_plus_optional():
@@ -46,6 +46,45 @@ def test_check_dim_works_on_tracers_and_numpy_arrays():
     jax.jit(lambda x: check_dim("linear", "x", x, 0, 2, "w") or x)(jnp.ones((2, 3)))
     with pytest.raises(ValueError, match=r"x has shape \(4, 3\), but its axis 0 must be 2"):
         jax.jit(lambda x: check_dim("linear", "x", x, 0, 2, "w") or x)(jnp.ones((4, 3)))
+
+
+def test_check_dim_on_an_axis_the_array_does_not_have_is_the_same_clear_error():
+    # (by hand, shape[axis] raised a bare IndexError here)
+    with pytest.raises(ValueError, match=r"^conv: x has shape \(3,\), but its axis -2 must be 3 to match w$"):
+        check_dim("conv", "x", jnp.ones(3), -2, 3, "w")
+
+
+def test_the_chex_message_is_kept_as_the_cause():
+    with pytest.raises(ValueError) as err:
+        check_dim("linear", "x", jnp.ones((2, 4)), -1, 3, "w")
+    assert isinstance(err.value.__cause__, AssertionError) and "[Chex]" in str(err.value.__cause__)
+
+
+def test_check_shape_takes_sizes_and_named_wildcards():
+    check_shape("mobilenet", "x", np.ones((2, 8, 8, 3)), ("batch", "height", "width", 3), "config.in_channels")
+    check_shape("batch_norm", "state['mean']", jnp.ones(4), (4,), "params['scale']")
+    with pytest.raises(ValueError) as err:
+        check_shape("mobilenet", "x", jnp.ones((8, 8, 3)), ("batch", "height", "width", 3), "config.in_channels")
+    assert str(err.value) == (
+        "mobilenet: x has shape (8, 8, 3), expected (batch, height, width, 3) to match config.in_channels"
+    )
+    with pytest.raises(ValueError, match=r"state\['var'\] has shape \(5,\), expected \(4,\) to match"):
+        check_shape("batch_norm", "state['var']", jnp.ones(5), (4,), "params['scale']")
+
+
+def test_check_same_leading_axis_returns_it_or_lists_every_leaf():
+    assert check_same_leading_axis("stack", {"a": jnp.ones((3, 2)), "b": np.ones(3)}, "params", "hint") == 3
+    with pytest.raises(ValueError) as err:
+        check_same_leading_axis("stack", {"a": jnp.ones((3, 2)), "b": jnp.ones(4)}, "params", "build it so")
+    assert str(err.value) == (
+        "stack: every leaf of params needs the same leading layer axis, got a: float32[3,2], b: float32[4]; build it so"
+    )
+    with pytest.raises(ValueError, match=r"a: float32\[\], b: float32\[3\]"):  # a scalar has no leading axis
+        check_same_leading_axis("stack", {"a": jnp.ones(()), "b": jnp.ones(3)}, "params", "hint")
+    with pytest.raises(ValueError, match="params holds only scalars, so it has no layer axis"):
+        check_same_leading_axis("stack", {"a": jnp.ones(())}, "params", "hint")
+    with pytest.raises(ValueError, match="params has no arrays"):
+        check_same_leading_axis("stack", {}, "params", "hint")
 
 
 @pytest.mark.parametrize("rate", [0.0, 0.5, 0.999])

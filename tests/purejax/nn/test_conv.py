@@ -181,7 +181,7 @@ def test_init_shapes_and_he_normal_default():
     depthwise = conv.init(jax.random.key(0), 8, 16, (3, 5), groups=8, bias=False)
     assert set(depthwise) == {"w"}
     chex.assert_shape(depthwise["w"], (3, 5, 1, 16))
-    custom = conv.init(jax.random.key(0), 2, 2, 1, w_init=initializers.zeros, dtype=jnp.bfloat16)
+    custom = conv.init(jax.random.key(0), 2, 2, 1, w_init=initializers.zeros(), dtype=jnp.bfloat16)
     assert custom["w"].dtype == custom["b"].dtype == jnp.bfloat16
 
 
@@ -225,3 +225,6 @@ def test_image_without_spatial_axes_fails_at_the_call():
     params = {"w": jnp.ones((3, 3, 4, 4))}
     with pytest.raises(TypeCheckError, match="x"):
         conv.apply(params, jnp.ones((5, 4)))
+    # without the test-time type checker (a training run), conv's own check says it (it was `min()` of nothing)
+    with pytest.raises(ValueError, match=r"conv: x must be \(\*batch, height, width, in_channels\), got shape \(5, 4\)"):
+        conv._check(params, jnp.ones((5, 4)), 1, "auto")

@@ -18,11 +18,13 @@ def test_init():
     key = jax.random.key(0)
     params = embedding.init(key, 11, 4)
     chex.assert_shape(params["w"], (11, 4))
-    # default N(0, 1): the same draw as jax.nn.initializers.normal(1.0) with the same key
-    chex.assert_trees_all_close(params["w"], jax.nn.initializers.normal(1.0)(key, (11, 4)), rtol=1e-6)
+    # default N(0, 1), by initializers.normal's definition (stddev * jax.random.normal), with the table's shape
+    np.testing.assert_array_equal(params["w"], jax.random.normal(key, (11, 4), jnp.float32))
     gpt2 = embedding.init(key, 11, 4, w_init=initializers.normal(0.02), dtype=jnp.bfloat16)
     assert gpt2["w"].dtype == jnp.bfloat16
-    chex.assert_trees_all_close(gpt2["w"], jax.nn.initializers.normal(0.02)(key, (11, 4), jnp.bfloat16))
+    # not compared with jax.nn.initializers.normal: from jax 0.12 that draws bfloat16 normals by another
+    # formula (erf_inv), a few bfloat16 ulps away; the distribution itself is tested in test_initializers.py
+    np.testing.assert_array_equal(gpt2["w"], 0.02 * jax.random.normal(key, (11, 4), jnp.bfloat16))
 
 
 @pytest.mark.parametrize("shape", [(), (5,), (2, 3)])

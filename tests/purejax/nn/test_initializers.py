@@ -29,8 +29,8 @@ SAME_AS_JAX = {  # purejax initializer, jax.nn.initializers counterpart
     "xavier_normal": (init.xavier_normal(), jax.nn.initializers.xavier_normal()),
     "normal": (init.normal(0.02), jax.nn.initializers.normal(0.02)),
     "truncated_normal": (init.truncated_normal(0.5), jax.nn.initializers.truncated_normal(0.5)),
-    "zeros": (init.zeros, jax.nn.initializers.zeros),
-    "ones": (init.ones, jax.nn.initializers.ones),
+    "zeros": (init.zeros(), jax.nn.initializers.zeros),
+    "ones": (init.ones(), jax.nn.initializers.ones),
 }
 
 
@@ -122,9 +122,9 @@ def test_uniform_and_normal_are_told_apart_by_kurtosis():
 
 
 def test_zeros_and_ones():
-    np.testing.assert_array_equal(init.zeros(KEY, (2, 3), jnp.bfloat16), np.zeros((2, 3)))
-    assert init.zeros(KEY, (2, 3), jnp.bfloat16).dtype == jnp.bfloat16
-    np.testing.assert_array_equal(init.ones(KEY, (4,)), np.ones(4))
+    np.testing.assert_array_equal(init.zeros()(KEY, (2, 3), jnp.bfloat16), np.zeros((2, 3)))
+    assert init.zeros()(KEY, (2, 3), jnp.bfloat16).dtype == jnp.bfloat16
+    np.testing.assert_array_equal(init.ones()(KEY, (4,)), np.ones(4))
 
 
 def test_different_keys_give_different_draws_and_the_same_key_the_same():

@@ -169,14 +169,14 @@ def test_typing_wrong_dtype_fails_at_the_call_naming_the_argument():
     assert "purejax.nn.layer_norm.apply" in msg
     assert "parameter 'x'" in msg
     assert "i32[2,4]" in msg  # actual dtype and shape
-    assert "Float[" in msg and "'*batch d'" in msg  # expected dtype and shape
+    assert "Float[" in msg and "'*batch d_model'" in msg  # expected dtype and shape
 
 
 def test_typing_wrong_rank_fails_at_the_call_naming_the_argument():
     with pytest.raises(TypeCheckError) as err:
         layer_norm.apply(layer_norm.init(None, 4), jnp.float32(1.0))
     msg = str(err.value)
-    assert "parameter 'x'" in msg and "f32[]" in msg and "'*batch d'" in msg
+    assert "parameter 'x'" in msg and "f32[]" in msg and "'*batch d_model'" in msg
 
 
 def test_wrong_feature_size_names_the_argument_and_both_shapes():
@@ -201,5 +201,5 @@ def test_missing_and_extra_param_keys():
 
 @pytest.mark.parametrize("d", [0, -3])
 def test_impossible_size(d):
-    with pytest.raises(ValueError, match=f"layer_norm.init: d must be positive, got {d}"):
+    with pytest.raises(ValueError, match=f"layer_norm.init: d_model must be positive, got {d}"):
         layer_norm.init(None, d)

@@ -23,7 +23,7 @@ def test_init_shapes_dtypes_and_default_initializer():
 
 
 def test_init_with_a_custom_initializer():
-    params = linear.init(jax.random.key(0), 4, 2, w_init=initializers.zeros)
+    params = linear.init(jax.random.key(0), 4, 2, w_init=initializers.zeros())
     chex.assert_trees_all_equal(params, {"w": jnp.zeros((4, 2)), "b": jnp.zeros(2)})
 
 

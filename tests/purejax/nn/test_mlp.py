@@ -41,7 +41,7 @@ def test_init_uses_named_keys():
 
 
 def test_proj_init_overrides_only_the_down_projection():
-    params = mlp.init(KEY, 6, 12, proj_init=initializers.zeros)
+    params = mlp.init(KEY, 6, 12, proj_init=initializers.zeros())
     chex.assert_trees_all_equal(params["proj"]["w"], jnp.zeros((12, 6)))
     chex.assert_trees_all_equal(params["fc"], PARAMS["fc"])
     np.testing.assert_array_equal(mlp.apply(params, jnp.ones((2, 6))), np.zeros((2, 6)))  # starts as zero (residual)
@@ -71,10 +71,10 @@ def test_other_activations():
 def test_dropout_applies_only_with_a_key():
     params = PARAMS
     x = jnp.asarray(np.random.default_rng(1).normal(size=(4, 6)), jnp.float32)
-    clean = mlp.apply(params, x, dropout_rate=0.5)
+    clean = mlp.apply(params, x, dropout=0.5)
     chex.assert_trees_all_close(clean, mlp.apply(params, x), rtol=1e-6)
-    dropped = mlp.apply(params, x, dropout_rate=0.5, key=jax.random.key(2))
-    chex.assert_trees_all_close(dropped, dropout.apply(clean, 0.5, jax.random.key(2)), rtol=1e-6)
+    dropped = mlp.apply(params, x, dropout=0.5, key=jax.random.key(2))
+    chex.assert_trees_all_close(dropped, dropout.apply(clean, rate=0.5, key=jax.random.key(2)), rtol=1e-6)
 
 
 class MlpVariantsTest(chex.TestCase):
@@ -99,7 +99,7 @@ def test_jitted_apply_traces_once_for_same_shaped_inputs():
 
     for i in range(5):  # new values, new params, same shapes and dtypes: no retrace
         x = jnp.asarray(np.random.default_rng(i).normal(size=(4, 6)), jnp.float32)
-        forward(jax.tree_util.tree_map(lambda p: p + i, params), x).block_until_ready()
+        forward(jax.tree_util.tree_map(lambda p, shift=i: p + shift, params), x).block_until_ready()
     with pytest.raises(AssertionError, match="traced > 1 times"):  # a new shape would trace again: the counter works
         forward(params, jnp.ones((5, 6)))
 
@@ -110,7 +110,7 @@ def test_jitted_train_step_with_dropout_traces_once():
     @jax.jit
     @chex.assert_max_traces(n=1)
     def step(params, x, key):
-        loss = lambda p: jnp.mean(mlp.apply(p, x, dropout_rate=0.1, key=key) ** 2)  # noqa: E731
+        loss = lambda p: jnp.mean(mlp.apply(p, x, dropout=0.1, key=key) ** 2)  # noqa: E731
         grads = jax.grad(loss)(params)
         return jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
 
@@ -142,13 +142,13 @@ def test_int_input_fails_at_the_call_naming_the_argument():
     assert "purejax.nn.mlp.apply" in msg and "parameter 'x'" in msg and "i32[2,6]" in msg and "'*batch d_in'" in msg
 
 
-@pytest.mark.parametrize("d_in, d_hidden, d_out", [(0, 4, None), (4, 0, None), (4, 8, 0), (4, 8, -2)])
-def test_impossible_sizes(d_in, d_hidden, d_out):
+@pytest.mark.parametrize("d_in, d_ff, d_out", [(0, 4, None), (4, 0, None), (4, 8, 0), (4, 8, -2)])
+def test_impossible_sizes(d_in, d_ff, d_out):
     with pytest.raises(ValueError, match="linear.init: d_in and d_out must be positive"):
-        jax.eval_shape(lambda k: mlp.init(k, d_in, d_hidden, d_out), KEY)  # raised while tracing; nothing compiled
+        jax.eval_shape(lambda k: mlp.init(k, d_in, d_ff, d_out), KEY)  # raised while tracing; nothing compiled
 
 
 def test_impossible_dropout_rate():
     params = PARAMS
     with pytest.raises(ValueError, match=r"dropout: rate must be in \[0, 1\), got 1.0"):
-        mlp.apply(params, jnp.ones((2, 6)), dropout_rate=1.0, key=jax.random.key(0))
+        mlp.apply(params, jnp.ones((2, 6)), dropout=1.0, key=jax.random.key(0))

@@ -60,9 +60,9 @@ def test_max_and_avg_pool_match_numpy(h, w, window, stride, padding):
     x = np.random.default_rng(0).normal(size=(2, h, w, 3)).astype(np.float32)
     pools = jax.jit(
         lambda x: (
-            pooling.max_pool(x, window, stride, padding),
-            pooling.avg_pool(x, window, stride, padding),
-            pooling.avg_pool(x, window, stride, padding, count_include_pad=True),
+            pooling.max_pool(x, window, stride=stride, padding=padding),
+            pooling.avg_pool(x, window, stride=stride, padding=padding),
+            pooling.avg_pool(x, window, stride=stride, padding=padding, count_include_pad=True),
         )
     )
     y_max, y_avg, y_avg_incl = pools(jnp.asarray(x))
@@ -74,15 +74,16 @@ def test_max_and_avg_pool_match_numpy(h, w, window, stride, padding):
 
 def test_padding_does_not_count_in_avg_pool_by_default():
     x = jnp.full((1, 4, 4, 1), 2.0)
-    np.testing.assert_allclose(pooling.avg_pool(x, 3, 1, "SAME"), 2.0)  # border windows average real pixels only
-    with_pad = pooling.avg_pool(x, 3, 1, "SAME", count_include_pad=True)
+    # border windows average the real pixels only
+    np.testing.assert_allclose(pooling.avg_pool(x, 3, stride=1, padding="SAME"), 2.0)
+    with_pad = pooling.avg_pool(x, 3, stride=1, padding="SAME", count_include_pad=True)
     np.testing.assert_allclose(with_pad[0, 0, 0, 0], 2.0 * 4 / 9)  # corner: 4 real pixels out of 9
     np.testing.assert_allclose(with_pad[0, 1, 1, 0], 2.0)
 
 
 def test_max_pool_padding_never_wins():
     x = jnp.full((1, 3, 3, 1), -5.0)
-    np.testing.assert_allclose(pooling.max_pool(x, 3, 1, 1), -5.0)
+    np.testing.assert_allclose(pooling.max_pool(x, 3, stride=1, padding=1), -5.0)
 
 
 def test_stride_defaults_to_window_and_leading_axes_are_kept():
@@ -113,7 +114,7 @@ def test_bfloat16_in_bfloat16_out():
 def test_errors_name_the_problem():
     x = jnp.ones((1, 4, 4, 2))
     with pytest.raises(ValueError, match="avg_pool: padding .* must be smaller than the window"):
-        pooling.avg_pool(x, 2, 1, 2)
+        pooling.avg_pool(x, 2, stride=1, padding=2)
     with pytest.raises(ValueError, match="max_pool: a \\(5, 5\\) window does not fit"):
         pooling.max_pool(x, 5)
     with pytest.raises(ValueError, match="window must be an int or a \\(height, width\\) pair"):

@@ -124,7 +124,7 @@ def test_int_input_fails_at_the_call_naming_the_argument():
     with pytest.raises(TypeCheckError) as err:
         rms_norm.apply(rms_norm.init(None, 4), jnp.ones((3, 4), jnp.int32))
     msg = str(err.value)
-    assert "parameter 'x'" in msg and "i32[3,4]" in msg and "'*batch d'" in msg
+    assert "parameter 'x'" in msg and "i32[3,4]" in msg and "'*batch d_model'" in msg
 
 
 def test_wrong_feature_size_names_the_argument_and_both_shapes():
@@ -144,5 +144,5 @@ def test_missing_and_extra_param_keys():
 
 @pytest.mark.parametrize("d", [0, -1])
 def test_impossible_size(d):
-    with pytest.raises(ValueError, match=f"rms_norm.init: d must be positive, got {d}"):
+    with pytest.raises(ValueError, match=f"rms_norm.init: d_model must be positive, got {d}"):
         rms_norm.init(None, d)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from purejax import tree
-from purejax.nn import attention, layer_norm, mlp, stack
+from purejax.nn import attention, attention_cache, layer_norm, mlp, stack
 from purejax.nn.attention import AttentionConfig
 
 D = 8
@@ -113,7 +113,7 @@ def test_per_layer_dropout_keys(stacked):
     x = X
 
     def block(params, x, key):
-        h = mlp.apply(params["mlp"], layer_norm.apply(params["ln"], x), dropout_rate=0.5, key=key)
+        h = mlp.apply(params["mlp"], layer_norm.apply(params["ln"], x), dropout=0.5, key=key)
         return x + h, None
 
     run_scan = jax.jit(lambda p, x, k: stack.scan(block, p, x, xs=k))
@@ -139,7 +139,7 @@ def test_kv_caches_stacked_along_the_layer_axis():
     full = stack.scan(lambda p, x: x + attention.apply(p, x, config), stacked, x)
 
     def block(params, x, cache):
-        y, cache = attention.apply(params, x, config, cache=cache)
+        y, cache = attention_cache.decode(params, x, cache, config)
         return x + y, cache
 
     @chex.assert_max_traces(n=1)
@@ -147,14 +147,14 @@ def test_kv_caches_stacked_along_the_layer_axis():
         y_t, caches = stack.scan(block, stacked, x_t[:, None], xs=caches)
         return caches, y_t[:, 0]
 
-    caches = stack.stack([attention.init_cache(config, batch, seq)] * n_layer)
+    caches = stack.stack([attention_cache.init_cache(config, batch, seq)] * n_layer)
     caches, ys = jax.jit(lambda c, xs: jax.lax.scan(step, c, xs))(caches, jnp.swapaxes(x, 0, 1))
     np.testing.assert_allclose(jnp.swapaxes(ys, 0, 1), full, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(caches["index"], [seq] * n_layer)
 
     # the loop form, a prompt of 2 tokens then 2 more in one call, agrees too
     loop = jax.jit(lambda p, x, c: stack.loop(block, stack.unstack(p), x, xs=c))
-    caches = stack.stack([attention.init_cache(config, batch, seq)] * n_layer)
+    caches = stack.stack([attention_cache.init_cache(config, batch, seq)] * n_layer)
     y_prompt, caches = loop(stacked, x[:, :2], caches)
     y_rest, _ = loop(stacked, x[:, 2:], caches)
     np.testing.assert_allclose(jnp.concatenate([y_prompt, y_rest], 1), full, rtol=1e-5, atol=1e-5)

@@ -83,6 +83,42 @@ def test_adamw_matches_optax_over_100_steps(parity, ours, theirs, lr, b1, b2, ep
     parity(ours, theirs, dict(lr=lr, b1=b1, b2=b2, eps=eps, wd=wd))
 
 
+def _ours_nadam(lr, b1, b2, eps, eps_root):
+    return optim.adam(lr, b1, b2, eps, eps_root, nesterov=True)
+
+
+def _optax_nadam(lr, b1, b2, eps, eps_root):
+    return optax.adam(lr, b1, b2, eps, eps_root, nesterov=True)
+
+
+@settings(max_examples=10, deadline=None)
+@given(**ADAM_HPARAMS)
+def test_adam_with_nesterov_matches_optax_nadam(parity, lr, b1, b2, eps, eps_root):
+    parity(_ours_nadam, _optax_nadam, dict(lr=lr, b1=b1, b2=b2, eps=eps, eps_root=eps_root))
+
+
+def _ours_nadamw(lr, wd):
+    return optim.adamw(lr, weight_decay=wd, mask=optim.ndim_at_least(2), nesterov=True)
+
+
+def _optax_nadamw(lr, wd):
+    return optax.adamw(lr, weight_decay=wd, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p), nesterov=True)
+
+
+def test_adamw_with_nesterov_matches_optax(parity):
+    parity(_ours_nadamw, _optax_nadamw, {"lr": 1e-2, "wd": 0.1})
+
+
+def test_nesterov_changes_the_first_update_as_nadam_says():
+    """Step 1 (Dozat 2016, optax's form): mu_hat = b1 * mu / (1 - b1**2) + (1 - b1) * g / (1 - b1) with
+    mu = (1 - b1) * g, i.e. g * (b1 / (1 + b1) + 1); nu_hat = g**2. In float64."""
+    g = np.array([0.3, -2.0, 1e-3])
+    tx = optim.adam(0.1, nesterov=True)
+    updates, _ = tx.update({"w": jnp.asarray(g, jnp.float32)}, tx.init({"w": jnp.zeros(3)}))
+    mu_hat = g * (0.9 / 1.9 + 1)
+    np.testing.assert_allclose(updates["w"], -0.1 * mu_hat / (np.abs(g) + 1e-8), rtol=1e-5)
+
+
 def _ours_adam_bf16_mu(lr):
     return optim.adam(lr, mu_dtype=jnp.bfloat16)
 

@@ -16,6 +16,9 @@ VARIANTS = {
     "eps-outside-sqrt": dict(eps_in_sqrt=False, initial_scale=1.0),
     "momentum": dict(momentum=0.9),
     "centered-nesterov": dict(centered=True, momentum=0.8, nesterov=True),
+    "bias-correction": dict(bias_correction=True, eps_in_sqrt=False),
+    # initial_scale 1: started at 0, the first step's variance nu_hat - mu_hat**2 is g**2 - g**2 = 0 (NaN in optax too)
+    "centered-bias-correction": dict(centered=True, bias_correction=True, momentum=0.9, initial_scale=1.0),
 }
 
 
@@ -61,3 +64,13 @@ def test_the_state_keeps_its_dtype_with_wider_gradients():
         assert jax.tree.map(lambda a: a.dtype, new) == jax.tree.map(lambda a: a.dtype, state)
         k_steps = optim.multi_steps(tx, 2)
         k_steps.update({"w": jnp.full(3, 0.5, jnp.float32)}, k_steps.init(params), params)  # raised before
+
+
+def test_bias_corrected_rms_is_adam_without_a_first_moment(parity):
+    """optax's note: scale_by_rms(b2, eps_in_sqrt=False, bias_correction=True) is scale_by_adam(b1=0, b2)."""
+    ours = lambda lr, b2: optim.chain(  # noqa: E731
+        rms=optim.scale_by_rms(b2, 1e-8, eps_in_sqrt=False, bias_correction=True), lr=optim.scale_by_learning_rate(lr)
+    )
+    parity(ours, lambda lr, b2: optax.adam(lr, b1=0.0, b2=b2), {"lr": 1e-2, "b2": 0.99})
+    state = optim.rmsprop(0.1, bias_correction=True).init({"w": jnp.zeros(3)})
+    assert int(state["rms"].count) == 0 and optim.rmsprop(0.1).init({"w": jnp.zeros(3)})["rms"].count is None

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from purejax.optim import schedules
@@ -84,6 +84,46 @@ def test_nanogpt_shakespeare_config_values():
 def test_one_cycle_matches_optax_cosine_onecycle(peak, total, pct, div, final):
     reference = optax.cosine_onecycle_schedule(total, peak, pct, div, final)
     close(schedules.one_cycle(total, peak, pct, div, final), optax_values(reference), rtol=2e-6)
+
+
+def torch_one_cycle_lr(step, total_steps, max_lr, pct_start, div_factor, final_div_factor):
+    """torch.optim.lr_scheduler.OneCycleLR's get_lr (anneal_strategy="cos", three_phase=False, torch 2.x) at
+    `step` (torch's last_epoch: 0 before the first scheduler.step()), in float64."""
+    initial_lr = max_lr / div_factor
+    phases = [
+        (float(pct_start * total_steps) - 1, initial_lr, max_lr),
+        (total_steps - 1, max_lr, initial_lr / final_div_factor),
+    ]
+    start_step = 0.0
+    for i, (end_step, start_lr, end_lr) in enumerate(phases):
+        if step <= end_step or i == len(phases) - 1:
+            pct = (step - start_step) / (end_step - start_step)
+            return end_lr + (start_lr - end_lr) / 2.0 * (math.cos(math.pi * pct) + 1)
+        start_step = end_step
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    peak=rates,
+    total=st.integers(2, 400),
+    pct=st.floats(0.05, 0.95),
+    div=st.floats(2.0, 100.0),
+    final=st.floats(1.0, 1e4),
+)
+def test_one_cycle_torch_matches_torch_one_cycle_lr(peak, total, pct, div, final):
+    assume(pct * total > 1)  # else torch divides by the zero-length first phase at step 0
+    steps = COUNTS[COUNTS < total]  # torch refuses to step past total_steps; ours holds the end value
+    want = [torch_one_cycle_lr(int(s), total, peak, pct, div, final) for s in steps]
+    got = np.asarray(schedules.one_cycle_torch(total, peak, pct, div, final)(jnp.asarray(steps)), np.float64)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6 * peak)
+
+
+def test_one_cycle_torch_peaks_and_ends_one_step_before_optax():
+    """total_steps=100, pct_start=0.3: torch peaks at step 29 and ends at 99, optax at 30 and 100."""
+    torch_like, optax_like = schedules.one_cycle_torch(100, 1.0), schedules.one_cycle(100, 1.0)
+    assert float(torch_like(29)) == 1.0 and float(optax_like(30)) == 1.0 and float(optax_like(29)) < 1.0
+    np.testing.assert_allclose(float(torch_like(99)), 1 / 25 / 1e4, rtol=1e-6)
+    assert float(optax_like(99)) > 1e-5 > 1 / 25 / 1e4
 
 
 @settings(max_examples=15, deadline=None)

@@ -58,9 +58,24 @@ def test_momentum_buffer_follows_torch_recurrence():
 
 
 def test_momentum_buffer_dtype_can_be_chosen():
-    state = optim.trace(0.9, dtype=jnp.bfloat16).init({"w": jnp.zeros(3)})
-    _, state = optim.trace(0.9, dtype=jnp.bfloat16).update({"w": jnp.ones(3)}, state)
+    state = optim.trace(0.9, accumulator_dtype=jnp.bfloat16).init({"w": jnp.zeros(3)})
+    _, state = optim.trace(0.9, accumulator_dtype=jnp.bfloat16).update({"w": jnp.ones(3)}, state)
     assert state.trace["w"].dtype == jnp.bfloat16
+
+
+def _ours_bf16_buffer(lr, momentum):
+    return optim.sgd(lr, momentum, nesterov=True, accumulator_dtype=jnp.bfloat16)
+
+
+def _optax_bf16_buffer(lr, momentum):
+    return optax.sgd(lr, momentum, nesterov=True, accumulator_dtype=jnp.bfloat16)
+
+
+def test_sgd_accumulator_dtype_matches_optax(parity):
+    """A bfloat16 momentum buffer: the same rounding as optax's at every step (bit for bit in practice)."""
+    parity(_ours_bf16_buffer, _optax_bf16_buffer, {"lr": 0.05, "momentum": 0.9})
+    state = _ours_bf16_buffer(0.05, 0.9).init({"w": jnp.zeros(3)})
+    assert state["momentum"].trace["w"].dtype == jnp.bfloat16
 
 
 def test_sgd_state_is_named():
@@ -68,6 +83,7 @@ def test_sgd_state_is_named():
     assert set(state) == {"momentum", "lr"} and isinstance(state["momentum"], optim.TraceState)
 
 
-def test_nesterov_without_momentum_is_an_error():
-    with pytest.raises(ValueError, match="nesterov=True.*needs a momentum"):
-        optim.sgd(0.1, nesterov=True)
+def test_nesterov_or_a_buffer_dtype_without_momentum_is_an_error():
+    for options in ({"nesterov": True}, {"accumulator_dtype": jnp.bfloat16}):
+        with pytest.raises(ValueError, match="apply to the momentum buffer: give a momentum value"):
+            optim.sgd(0.1, **options)

@@ -195,6 +195,29 @@ def test_axis_name_sums_the_norm_over_devices():
     np.testing.assert_allclose(both["grad_norm"], [np.sqrt(2) * single["grad_norm"]] * 2, rtol=1e-6)
 
 
+def test_grad_reduce_runs_once_per_step_and_makes_data_parallel_equal_the_whole_batch():
+    """Two emulated devices, each with half the batch and its own half's mean loss: `grad_reduce=pmean` gives
+    each the whole batch's gradient, so the step equals the single-device one; called once per step (one
+    reduction, whatever the micro-batches), before the norm."""
+    optimizer = optim.adamw(1e-2)
+    calls = []
+
+    def pmean(grads):
+        calls.append(1)
+        return jax.lax.pmean(grads, "data")
+
+    state = optim.init_train_state(PARAMS, optimizer, jax.random.key(0))
+    kwargs = dict(loss_fn=loss_fn, optimizer=optimizer, max_grad_norm=1.0, micro_batches=2)
+    want, want_metrics = make_step(**kwargs)(state, BATCH)
+    step = functools.partial(optim.train_step, grad_reduce=pmean, **kwargs)
+    halves = jax.tree_util.tree_map(lambda x: x.reshape(2, -1, *x.shape[1:]), BATCH)
+    got, metrics = jax.jit(jax.vmap(step, in_axes=(None, 0), axis_name="data"))(state, halves)
+    assert len(calls) == 1
+    jax.tree_util.tree_map(lambda g, w: np.testing.assert_allclose(g, np.stack([w, w]), rtol=1e-5, atol=1e-7),
+                           got.params, want.params)  # fmt: skip
+    np.testing.assert_allclose(metrics["grad_norm"], [want_metrics["grad_norm"]] * 2, rtol=1e-5)
+
+
 def test_loss_fn_mistakes_are_explained():
     state = optim.init_train_state(PARAMS, optim.sgd(0.1), jax.random.key(0))
     step = functools.partial(optim.train_step, optimizer=optim.sgd(0.1))

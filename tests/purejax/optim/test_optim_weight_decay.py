@@ -7,6 +7,7 @@ import pytest
 
 from purejax import optim
 from purejax import tree as tree_lib
+from purejax.nn import layer_norm, linear, stack
 
 PARAMS = {"w": jnp.full((2, 3), 2.0), "b": jnp.full((3,), 2.0), "ln": {"g": jnp.full((3,), 2.0)}}
 
@@ -51,3 +52,26 @@ def test_decay_without_params_says_what_to_pass():
     tx = optim.add_decayed_weights(0.1)
     with pytest.raises(ValueError, match="needs the params"):
         tx.update(PARAMS, tx.init(PARAMS))
+
+
+def _block(key):
+    return {"ln": layer_norm.init(None, 4), "fc": linear.init(key, 4, 8)}
+
+
+def test_stacked_blocks_are_masked_as_their_unstacked_layers():
+    """Blocks stacked for lax.scan carry a leading layer axis: their LayerNorm scales are 2-D there. With
+    `stacked=`, the mask of the stacked tree is the mask of every unstacked layer under `ndim_at_least(2)`."""
+    key = jax.random.key(0)
+    params = {"wte": jnp.zeros((10, 4)), "ln_f": layer_norm.init(None, 4), "blocks": stack.init(key, 3, _block)}
+    mask = optim.resolve_mask(optim.ndim_at_least(2, stacked=("blocks",)), params)
+    per_layer = [optim.resolve_mask(optim.ndim_at_least(2), layer) for layer in stack.unstack(params["blocks"])]
+    assert all(layer == mask["blocks"] for layer in per_layer)
+    assert mask["blocks"] == {"ln": {"scale": False, "bias": False}, "fc": {"w": True, "b": False}}
+    assert mask["wte"] and not mask["ln_f"]["scale"]
+    naive = optim.resolve_mask(optim.ndim_at_least(2), params)  # the trap: stacked LayerNorm scales decay
+    assert naive["blocks"]["ln"]["scale"]
+
+
+def test_a_stacked_prefix_on_a_scalar_is_refused_with_its_path():
+    with pytest.raises(ValueError, match=r"ndim_at_least\(stacked=\('ln',\)\): ln\.g has shape \(\), so it has no"):
+        optim.resolve_mask(optim.ndim_at_least(2, stacked=("ln",)), {"ln": {"g": jnp.zeros(())}})

@@ -1,13 +1,12 @@
 """purejax.parallel.fsdp: which dimension each param is split on, and the collectives of a compiled FSDP
-gradient (8 simulated devices, parallel_child.py): params gathered twice (forward, and again for the
-backward pass), gradients reduce-scattered once."""
+training step (8 simulated devices, parallel_child.py): params gathered twice (forward, and again for the
+backward pass), gradients reduce-scattered once per micro-batch."""
 
 import jax.numpy as jnp
+import pytest
 from jax.sharding import PartitionSpec as P
 
 from purejax import parallel
-
-B, T, D = 8, 16, 32  # parallel_child.py's batch, block and width
 
 
 def test_fsdp_specs_split_matrices_on_their_first_free_divisible_dimension():
@@ -29,19 +28,22 @@ def test_layer_specs_drop_the_layer_axis():
     assert parallel.layer_specs({"w": P(None, "data", "model")}) == {"w": P("data", "model")}
 
 
-def test_fsdp_gradient_collectives(mesh_results):
-    """8 x 1 FSDP: the top-level matrices (wte, wpe) are gathered once, each block's matrices once in the
-    forward scan and once in the backward scan (its loop body appears once in the program, whatever the
-    depth); gradients of split params are reduce-scattered (each device keeps 1/8), the replicated vectors'
-    gradients all-reduced with the loss's two sums."""
-    got = mesh_results["equivalence"]["8x1-fsdp"]
-    hlo, split, split_blocks, n_layer = got["hlo"], got["split_over_data"], got["split_over_data_blocks"], 2
-    top, per_layer = split - split_blocks, split_blocks // n_layer
-    assert hlo["all-gather elements"] == top + 2 * per_layer
-    assert hlo["reduce-scatter elements"] == (top + per_layer) // 8
-    n_params = mesh_results["training"]["n_params"]
-    assert hlo["all-reduce elements"] == n_params - split + 2
-    assert hlo["all-to-all"] == hlo["collective-permute"] == 0
+@pytest.mark.parametrize("k", [1, 4])
+def test_fsdp_step_collectives(mesh_results, k):
+    """8 x 1 FSDP, one step with k micro-batches, as one device executes it. ZeRO-3's trade-off: every
+    micro-batch reduce-scatters the gradients of the split params (each device keeps 1/8), so no device ever
+    holds a whole gradient, at the price of k reduce-scatters per step (data parallelism sums once). Each
+    block's matrices are gathered twice per micro-batch (forward, and again for the recomputed backward);
+    the top-level ones (wte, wpe) once per pass, which XLA may hoist out of the micro-batch loop as they do
+    not change within a step. The replicated vectors' gradients are summed once, with the loss's two sums per
+    micro-batch and the global norm's one over the split leaves."""
+    got, n_layer, devices = mesh_results["steps"][f"8x1-fsdp-k{k}"], 2, 8
+    top, layer = got["split_local_top"], got["split_local_layer"]
+    assert got["reduce-scatter@data"]["elements"] == k * (top + n_layer * layer)
+    blocks_gathered = k * 2 * n_layer * layer * devices
+    assert blocks_gathered + top * devices <= got["all-gather@data"]["elements"] <= blocks_gathered + k * top * devices
+    assert got["all-reduce@data"]["elements"] == got["replicated_local"] + 2 * k + 1
+    assert got["params_rel_err"] < 1e-5
 
 
 def test_fsdp_shards_the_optimizer_state_with_the_params(mesh_results):

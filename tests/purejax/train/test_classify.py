@@ -2,12 +2,16 @@
 middle of an epoch) ends bit for bit where an uninterrupted one does, the augmentation and the confusion
 matrix against plain numpy, and bad settings fail before anything compiles."""
 
+import os
+import signal
+
 import jax
 import numpy as np
 import pytest
 
-from purejax import checkpoint
+from purejax import checkpoint, tree
 from purejax.train import classify, run
+from purejax.train import loop as loop_lib
 from purejax.train.data import images as images_lib
 
 # MobileNetV1 at width 0.25 (the quickest MobileNet to compile), 44 steps of 32 per epoch, 3 epochs, no augmentation;
@@ -23,34 +27,43 @@ def leaves(out_dir, step):
             for x in jax.tree.leaves(tree)]  # fmt: skip
 
 
-class StopAfter(run.StopSignal):
-    """A StopSignal whose stop request arrives after `steps` training steps, as a SIGTERM mid-epoch would."""
+@pytest.fixture
+def sigterm_after(monkeypatch):
+    """`sigterm_after(steps)`: a real SIGTERM to this process after that many training steps, as a preemption
+    notice mid-epoch would come. Once a signal has come, the programs leave their handlers installed (so that
+    a late one never shows a traceback); pytest's own come back at the end of the test."""
+    saved = {s: signal.getsignal(s) for s in run.StopSignal.SIGNALS}
+    after_step = loop_lib.Loop._after_step
 
-    steps = 8
-    checked = 0
+    def arm(steps: int) -> None:
+        def after_step_then_signal(self, it, metrics):
+            after_step(self, it, metrics)
+            if it == steps:
+                os.kill(os.getpid(), signal.SIGTERM)
 
-    @property
-    def requested(self):  # the program checks once after every step
-        StopAfter.checked += 1
-        return StopAfter.checked >= StopAfter.steps
+        monkeypatch.setattr(loop_lib.Loop, "_after_step", after_step_then_signal)
 
-    @requested.setter
-    def requested(self, value):
-        pass
+    yield arm
+    for s, handler in saved.items():
+        signal.signal(s, handler)
 
 
-def test_short_run_learns_and_resume_mid_epoch_is_bit_exact(tmp_path, monkeypatch, capsys):
+@pytest.mark.usefixtures("needs_sklearn")
+def test_short_run_learns_and_resume_mid_epoch_is_bit_exact(tmp_path, sigterm_after, capsys):
     straight = classify.main([*FAST, f"--out_dir={tmp_path / 'straight'}"])
     assert straight["step"] == 132 and straight["test_accuracy"] > LEARNED, straight
     assert straight["confusion"].sum() == 359
     assert (tmp_path / "straight" / "metrics.jsonl").exists()
+    saved, _ = checkpoint.restore(checkpoint.CheckpointManager(tmp_path / "straight").path(132))
+    bn_stats = [path for path in tree.flatten(saved) if path.startswith("model_state.")]  # in the TrainState
+    assert bn_stats and all(path.endswith((".mean", ".var")) for path in bn_stats)
 
-    monkeypatch.setattr(run, "StopSignal", StopAfter)
-    with pytest.raises(SystemExit):
+    sigterm_after(8)
+    with pytest.raises(SystemExit) as e:
         classify.main([*FAST, f"--out_dir={tmp_path / 'stopped'}"])
-    monkeypatch.undo()
+    assert e.value.code == 0 and "SIGTERM: saving a checkpoint after this step" in capsys.readouterr().err
     stopped_at = checkpoint.CheckpointManager(tmp_path / "stopped").latest_step()
-    assert stopped_at == StopAfter.steps
+    assert stopped_at == 8
     resumed = classify.main([f"--out_dir={tmp_path / 'stopped'}", "--init_from=resume"])
     assert "resumed from" in capsys.readouterr().out
     for a, b in zip(leaves(tmp_path / "straight", 132), leaves(tmp_path / "stopped", 132), strict=True):
@@ -71,6 +84,7 @@ def test_random_shift_is_a_crop_of_the_zero_padded_image():
         np.testing.assert_array_equal(shifted[i], expected)
 
 
+@pytest.mark.usefixtures("needs_sklearn")
 def test_epoch_batches_are_a_function_of_seed_and_epoch():
     data = images_lib.load_digits()
     cfg = classify.ClassifyConfig(batch_size=100)
@@ -89,6 +103,7 @@ def test_confusion_matrix_and_per_class_accuracy():
     assert "50.0%" in text and "100.0%" in text and "66.7%" in text
 
 
+@pytest.mark.usefixtures("needs_sklearn")
 def test_bad_settings_fail_before_compiling(tmp_path):
     with pytest.raises(SystemExit, match="no readable checkpoint"):
         classify.main([f"--out_dir={tmp_path}", "--init_from=resume"])
@@ -96,5 +111,5 @@ def test_bad_settings_fail_before_compiling(tmp_path):
         classify.main([f"--out_dir={tmp_path}", "--batch_size=5000"])
     with pytest.raises(SystemExit, match="unknown config key"):
         classify.main(["--widht=0.5"])
-    with pytest.raises(SystemExit, match="width must be positive"):
+    with pytest.raises(SystemExit, match="width=0: must be > 0"):
         classify.main([f"--out_dir={tmp_path}", "--width=0"])

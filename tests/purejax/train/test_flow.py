@@ -12,6 +12,7 @@ from purejax import checkpoint
 from purejax.train import flow
 
 TINY = ["--config=flow_tiny", "--progress=false"]
+pytestmark = pytest.mark.usefixtures("needs_sklearn")  # every test here reads the 8x8 digits
 
 
 def metrics(out_dir):
@@ -94,7 +95,7 @@ def test_batches_are_a_function_of_seed_and_step():
     [
         (["--d_model=30"], "divisible by 4"),
         (["--patch_size=3"], "not divisible by patch_size"),
-        (["--mask_ratio=1.0"], "mask_ratio must be in [0, 1)"),
+        (["--mask_ratio=1.0"], "mask_ratio=1: must be >= 0 and < 1"),
         (["--eval_guidance=1,two"], "expected numbers separated by commas"),
         (["--dataset=cifar"], "expected one of ['digits', 'mnist']"),
         (["--no_such_key=1"], "valid keys"),

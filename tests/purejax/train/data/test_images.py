@@ -11,6 +11,7 @@ def as_pairs(images, labels) -> list:
     return sorted(zip(map(bytes, images.reshape(len(images), -1)), labels.tolist()))
 
 
+@pytest.mark.usefixtures("needs_sklearn")
 def test_digits_match_scikit_learn_with_a_fixed_stratified_split():
     from sklearn.datasets import load_digits
 

@@ -1,0 +1,127 @@
+"""The settings of `python -m purejax.train.gpt` (nanoGPT's names), and what they make: the model's config, the
+optimizer, the state before the first step (or GPT-2's imported weights). `python -m purejax.train.gpt --help`
+lists the settings; docs/train-gpt.md has the same table."""
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import jax
+
+from purejax import optim
+from purejax.models import gpt, gpt_surgery
+from purejax.train import config as config_lib
+from purejax.train.config import setting
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every setting of a run, nanoGPT's names (`python -m purejax.train.gpt --help` lists them). The model
+    fields are copied into `gpt.GPTConfig`, which keeps nanoGPT's `n_embd` so that configs map 1:1."""
+
+    # I/O
+    out_dir: str = setting("out-gpt", "where checkpoints, metrics.jsonl, tokenizer.json and loss.png go")
+    eval_interval: int = setting(250, "estimate the train and val loss (and save) every this many steps", at_least=1)
+    log_interval: int = setting(25, "a metrics row (a line, without a progress bar) every this many steps", at_least=1)
+    eval_iters: int = setting(20, "batches of each split per loss estimate", at_least=1)
+    eval_only: bool = setting(False, "estimate the loss of the new or resumed model once, then exit")
+    always_save_checkpoint: bool = setting(True, "save at every evaluation; false: only when the val loss improves")
+    init_from: str = setting("scratch", "'scratch', 'resume' (out_dir's newest checkpoint) or a GPT-2 directory")
+    keep_checkpoints: int = setting(2, "how many of the newest checkpoints to keep", at_least=1)
+    # data
+    dataset: str = setting("stdlib", "a prepared directory, a name under data/, or any text file or directory")
+    tokenizer: Literal["char", "byte"] = setting("char", "raw text becomes one id per character, or per UTF-8 byte")
+    gradient_accumulation_steps: int = setting(1, "micro-batches per optimizer step", at_least=1)
+    batch_size: int = setting(12, "sequences per micro-batch, over all devices", at_least=1)
+    block_size: int = setting(64, "context length in tokens", at_least=1)
+    # model
+    n_layer: int = setting(4, "transformer blocks", at_least=1)
+    n_head: int = setting(4, "attention heads per block", at_least=1)
+    n_embd: int = setting(128, "model width (nanoGPT's name; d_model in purejax.nn)", at_least=1)
+    dropout: float = setting(0.0, "dropout rate while training", at_least=0, below=1)
+    bias: bool = setting(False, "biases in the linear layers and LayerNorms (GPT-2: true)")
+    gelu: Literal["exact", "tanh"] = setting("exact", "GELU: exact (erf, nanoGPT) or tanh (GPT-2's approximation)")
+    layers: Literal["scan", "loop"] = setting("scan", "blocks as one lax.scan (compiles once) or a Python loop")
+    # AdamW, weight decay on matmul weights and embeddings only, gradient clipping
+    learning_rate: float = setting(1e-3, "the peak learning rate, reached after the warmup", above=0)
+    max_iters: int = setting(2000, "optimizer steps in all", at_least=0)
+    weight_decay: float = setting(0.1, "AdamW's decoupled weight decay", at_least=0)
+    beta1: float = setting(0.9, "AdamW's first-moment decay", at_least=0, below=1)
+    beta2: float = setting(0.99, "AdamW's second-moment decay", at_least=0, below=1)
+    grad_clip: float = setting(1.0, "clip the gradients to this global norm; 0 disables clipping", at_least=0)
+    # learning-rate schedule: linear warmup, cosine decay to min_lr (nanoGPT's get_lr)
+    decay_lr: bool = setting(True, "warm up, then decay to min_lr; false: learning_rate throughout")
+    warmup_iters: int = setting(100, "steps of linear warmup", at_least=0)
+    lr_decay_iters: int = setting(2000, "the step at which the cosine decay reaches min_lr", at_least=1)
+    min_lr: float = setting(1e-4, "the learning rate at the end of the decay", at_least=0)
+    # system
+    dtype: Literal["float32", "bfloat16", "float16"] = setting("float32", "compute dtype (params stay float32; "
+                                                               "float16 adds a dynamic loss scale)")  # fmt: skip
+    compile: bool = setting(True, "jit the step; false runs it op by op, for debugging")
+    seed: int = setting(1337, "the seed of the init, the batches and dropout", at_least=0, below=2**32)
+    peak_flops: float = setting(0.0, "FLOP/s that MFU is a fraction of; 0 measures this machine's matmul rate",
+                                at_least=0)  # fmt: skip
+    progress: bool = setting(True, "a progress bar on a terminal with tqdm; else a line every log_interval")
+    max_bad_steps: int = setting(100, "stop after this many steps in a row with a non-finite loss or gradients "
+                                 "(0: never)", at_least=0)  # fmt: skip
+    # devices: a dp x tp mesh (dp * tp devices over all processes), optionally fully sharded
+    dp: int = setting(1, "data-parallel groups (batch_size must divide by dp)", at_least=1)
+    tp: int = setting(1, "tensor-parallel devices per group (n_head must divide by tp)", at_least=1)
+    fsdp: bool = setting(False, "also split params and optimizer state over the dp groups")
+    # processes: "" / 0 / -1 take what the launcher set (srun, mpirun, purejax.parallel.launch), else one process
+    coordinator: str = setting("", "host:port of process 0")
+    num_processes: int = setting(0, "processes in the run (0: from the launcher, else 1)", at_least=0)
+    process_id: int = setting(-1, "this process's index (-1: from the launcher)", at_least=-1)
+
+    def __post_init__(self):
+        config_lib.check_ranges(self)
+        if self.decay_lr:
+            config_lib.check_schedule(self)
+
+    def model_config(self, vocab_size: int) -> gpt.GPTConfig:
+        """The model for a tokenizer of `vocab_size` tokens; under tensor parallelism the vocabulary is padded
+        to a multiple of tp (its rows are split over the tp devices), as nanoGPT pads GPT-2's to 50304. The
+        padding ids never occur in the data; their logits only learn to stay low."""
+        vocab_size = -(-vocab_size // self.tp) * self.tp
+        fields = {f.name for f in dataclasses.fields(gpt.GPTConfig)} - {"vocab_size"}
+        try:
+            return gpt.GPTConfig(vocab_size=vocab_size, **{k: getattr(self, k) for k in fields if hasattr(self, k)})
+        except ValueError as e:
+            raise config_lib.ConfigError(str(e)) from None
+
+
+decays = optim.ndim_at_least(2, stacked=("blocks",))
+"""nanoGPT's rule: weight decay on tensors with ndim >= 2 (matmul weights and embeddings), not on biases or
+LayerNorm scales; counted per layer, so the stacked blocks' leading layer axis does not count."""
+
+
+def make_optimizer(cfg: TrainConfig) -> optim.GradientTransformation:
+    """AdamW with weight decay where `decays` says, driven by nanoGPT's warmup + cosine schedule (or a
+    constant rate)."""
+    if cfg.decay_lr:
+        lr = optim.schedules.warmup_cosine(cfg.learning_rate, cfg.warmup_iters, cfg.lr_decay_iters, cfg.min_lr)
+    else:
+        lr = cfg.learning_rate
+    return optim.adamw(lr, b1=cfg.beta1, b2=cfg.beta2, weight_decay=cfg.weight_decay, mask=decays)
+
+
+def new_state(cfg: TrainConfig, model: gpt.GPTConfig, params: dict | None = None, dtype: str = "") -> optim.TrainState:
+    """The state before the first step: `params` (default: `gpt.init`), AdamW's state, the key, and the dynamic
+    loss scale that float16 needs (for `dtype`, default the run's)."""
+    key = jax.random.key(cfg.seed)
+    params = gpt.init(jax.random.fold_in(key, 0), model) if params is None else params
+    loss_scale = optim.dynamic_loss_scale() if (dtype or cfg.dtype) == "float16" else optim.NoLossScale()
+    return optim.init_train_state(params, make_optimizer(cfg), jax.random.fold_in(key, 1), loss_scale=loss_scale)
+
+
+def load_gpt2(cfg: TrainConfig) -> tuple[dict, gpt.GPTConfig]:
+    """For --init_from=<dir>: GPT-2's params and config from a Hugging Face directory, cropped to block_size."""
+    if not (Path(cfg.init_from) / "config.json").exists():
+        raise SystemExit(f"error: --init_from={cfg.init_from!r} is not 'scratch', 'resume' or a Hugging Face "
+                         f"GPT-2 directory (no config.json there)")  # fmt: skip
+    from purejax.models import gpt_hf
+
+    params, model = gpt_hf.load(Path(cfg.init_from))
+    model = dataclasses.replace(model, dropout=cfg.dropout, layers=cfg.layers)
+    return gpt_surgery.crop_block_size(params, model, min(cfg.block_size, model.block_size))

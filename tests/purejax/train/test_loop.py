@@ -1,0 +1,177 @@
+"""The loop every training program shares (`purejax.train.loop`) and what runs around it (`purejax.train.run`),
+with a stand-in step so that nothing compiles: the cadence of evaluations and saves, the rows of metrics.jsonl
+(strict JSON), plain lines where there is no terminal, the divergence watch, and the stop signals in each phase
+of a program (in child processes, where a real signal can be sent)."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax.numpy as jnp
+import pytest
+
+from purejax.train import loop as loop_lib
+from purejax.train import run
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def fake_step(losses: dict[int, float] | None = None):
+    """A step that counts and reports `optim.train_step`'s metrics; the loss of iteration `it` is `losses[it]`
+    (default 1 / (it + 1)), and a non-finite one is a skipped step."""
+
+    def step(state, it):
+        loss = (losses or {}).get(it, 1.0 / (it + 1))
+        metrics = {"loss": jnp.float32(loss), "grad_norm": jnp.float32(2.0), "learning_rate": jnp.float32(1e-3),
+                   "loss_scale": jnp.float32(2.0**15), "skipped": jnp.bool_(not math.isfinite(loss)),
+                   "accuracy": jnp.float32(0.5)}  # fmt: skip
+        return state + 1, metrics
+
+    return step
+
+
+def make_loop(tmp_path, saves, **kwargs):
+    settings = dict(start=0, total=10, log_interval=5, progress=True, max_bad_steps=0)
+    save = lambda state, it, reason, **meta: saves.append((it, reason, state, meta)) or tmp_path / f"{it}"  # noqa: E731
+    return loop_lib.Loop(tmp_path, run.StopSignal(), save, **{**settings, **kwargs})
+
+
+def strict_rows(path: Path) -> list[dict]:
+    def refuse(name):
+        raise ValueError(f"not JSON: {name}")
+
+    return [json.loads(line, parse_constant=refuse) for line in path.read_text().splitlines()]
+
+
+def test_cadence_rows_and_plain_lines_without_a_terminal(tmp_path, capsys):
+    saves, due = [], []
+    loop = make_loop(tmp_path, saves)
+    state = loop.run(0, fake_step(), lambda state, it: due.append(it) or (it == 5 and loop.save(state, it, "eval")))
+    assert state == 10 and due == list(range(11))  # before every step and once after the last
+    assert [(it, reason) for it, reason, *_ in saves] == [(5, "eval"), (10, "end")]
+    rows = strict_rows(tmp_path / "metrics.jsonl")
+    assert [r["iter"] for r in rows] == [5, 10]
+    assert rows[1] | {"ms_per_iter": 0} == {"iter": 10, "loss": pytest.approx(0.1), "lr": pytest.approx(1e-3),
+                                          "grad_norm": 2.0, "loss_scale": 2.0**15, "skipped": 0, "ms_per_iter": 0,
+                                          "accuracy": 0.5}  # fmt: skip
+    out = capsys.readouterr().out  # not a terminal: no bar, a plain line every log_interval instead
+    assert "compiled and ran the first step" in out and "iter 5: loss 0.2000, lr 1.00e-03, skipped 0" in out
+    assert "\r" not in out and "saved" in out
+
+
+def test_a_resumed_run_at_its_end_does_not_save_again(tmp_path):
+    saves = []
+    make_loop(tmp_path, saves, start=10, resumed=True).run(10, fake_step())
+    make_loop(tmp_path, saves, start=10).run(10, fake_step(), save_at_end=False)
+    assert saves == []
+
+
+def test_a_diverging_run_warns_then_stops_without_saving_and_logs_null(tmp_path, capsys):
+    saves = []
+    losses = {i: math.nan for i in range(3, 100)}
+    loop = make_loop(tmp_path, saves, total=100, log_interval=1, max_bad_steps=20)
+    with pytest.raises(SystemExit) as e:
+        loop.run(0, fake_step(losses))
+    assert "the last 20 steps (to iter 23) had a non-finite loss or gradients" in str(e.value)
+    assert "loss scale 32768" in str(e.value) and "nothing saved yet" in str(e.value) and saves == []
+    out = capsys.readouterr().out
+    assert out.count("warning: the last 10 steps (to iter 13)") == 1 and "the run stops at 20" in out
+    rows = strict_rows(tmp_path / "metrics.jsonl")  # a bare NaN would fail here
+    assert rows[5]["loss"] is None and rows[5]["skipped"] == 1 and rows[5]["loss_scale"] == 2.0**15
+
+
+def test_a_signal_in_the_loop_saves_after_the_step_in_flight_and_exits_0(tmp_path):
+    saves = []
+    loop = make_loop(tmp_path, saves)
+
+    def step(state, it):
+        if it == 3:
+            loop.stop.requested = True  # as the handler sets it
+        return fake_step()(state, it)
+
+    with pytest.raises(SystemExit) as e:
+        loop.run(0, step)
+    assert e.value.code == 0 and [(it, reason) for it, reason, *_ in saves] == [(4, "signal")]
+
+
+def test_metrics_log_writes_strict_json(tmp_path):
+    log = run.MetricsLog(tmp_path / "m.jsonl")
+    log.write(iter=1, loss=jnp.float32(jnp.nan), big=math.inf, ok=jnp.int32(3), flag=jnp.bool_(True))
+    assert strict_rows(tmp_path / "m.jsonl") == [{"iter": 1, "loss": None, "big": None, "ok": 3, "flag": True}]
+
+
+def test_a_missing_matplotlib_is_said(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(run, "pyplot", lambda: None)
+    loop = make_loop(tmp_path, [])
+    loop.run(0, fake_step())
+    assert loop.plot("t") is None
+    assert "loss.png skipped: matplotlib is not installed" in capsys.readouterr().out
+
+
+def test_no_bar_without_a_terminal_or_tqdm(monkeypatch):
+    assert run.live_bar(10) is None  # pytest's stdout is not a terminal
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # as if not installed
+    assert run.live_bar(10) is None and run.live_bar(10, enabled=False) is None
+
+
+def test_two_deliveries_of_one_signal_count_once():
+    stop = run.StopSignal()
+    stop.training()
+    stop._handle(signal.SIGTERM, None)
+    stop._handle(signal.SIGINT, None)  # within SAME_NOTICE: the same notice, forwarded by a launcher
+    assert stop.requested
+
+
+def script(body: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run `body` in a fresh Python (so real signals can be sent) with `run`, `os`, `signal`, `time` imported."""
+    code = "import os, signal, time\nfrom purejax.train import run\n" + textwrap.dedent(body)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_starting_up_exits_at_once_without_a_traceback(signum):
+    done = script(f"""
+        with run.StopSignal():
+            os.kill(os.getpid(), {int(signum)})
+            time.sleep(5)
+        print("not reached")
+    """)
+    assert done.returncode == 128 + signum, done
+    assert f"{signal.Signals(signum).name}: nothing trained yet; exiting" in done.stderr
+    assert "Traceback" not in done.stderr and "not reached" not in done.stdout
+
+
+def test_a_second_signal_exits_at_once_and_a_late_one_never_shows_a_traceback():
+    done = script("""
+        import atexit
+        with run.StopSignal() as stop:
+            stop.training()
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)  # the same notice twice: counted once
+            assert stop.requested
+            print("saving", flush=True)
+        # exiting after the save: a second Ctrl-C during interpreter exit
+        atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(5)))
+        raise SystemExit(0)
+    """)
+    assert done.returncode == 128 + signal.SIGINT, done
+    assert "saving" in done.stdout and "SIGINT again: exiting now, without saving" in done.stderr
+    assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr
+
+
+def test_a_signal_after_the_last_save_exits_0():
+    done = script("""
+        with run.StopSignal() as stop:
+            stop.training()
+            stop.finishing()
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+    """)
+    assert done.returncode == 0 and "everything is saved; exiting" in done.stderr, done

@@ -1,0 +1,23 @@
+"""`python3 dev.py demo` samples from the directory its training run wrote, whichever preset chose it."""
+
+import sys
+from pathlib import Path
+
+import dev
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_demo_samples_from_the_out_dir_the_training_run_used(monkeypatch):
+    ran = []
+    monkeypatch.setattr(dev, "run", lambda args: ran.append(args) or 0)
+    out_dir = dev.train_out_dir
+    monkeypatch.setattr(dev, "train_out_dir", lambda args: out_dir(args, python=sys.executable))
+    assert dev.demo(["--config=gpt_tiny", "--max_iters=5"]) == 0
+    assert ran == [["-m", "purejax.train.gpt", "--config=gpt_tiny", "--max_iters=5"],
+                   ["-m", "purejax.train.sample", "--out_dir=out-gpt-tiny", "--num_samples=1"]]  # fmt: skip
+    assert out_dir(["--config=gpt_tiny", "--out_dir=elsewhere"], python=sys.executable) == "elsewhere"
+    assert out_dir([], python=sys.executable) == "out-gpt"
+    assert out_dir(["--no_such_key=1"], python=sys.executable) is None
+    ran.clear()
+    assert dev.demo(["--no_such_key=1"]) == 2 and ran == []  # the parser said why; nothing was run
