@@ -25,7 +25,11 @@ SHAPES = [(112, 32, 1), (112, 96, 2), (56, 144, 1), (56, 144, 2), (28, 192, 1), 
 
 def xla_depthwise(x, w, stride):
     return jax.lax.conv_general_dilated(
-        x, w, (stride, stride), ((1, 1), (1, 1)), feature_group_count=x.shape[-1],
+        x,
+        w,
+        (stride, stride),
+        ((1, 1), (1, 1)),
+        feature_group_count=x.shape[-1],
         dimension_numbers=("NHWC", "HWIO", "NHWC"),
     )
 
@@ -60,9 +64,13 @@ def main(argv=None):
         dy = jnp.asarray(rng.normal(size=(args.batch, out_size, out_size, channels)), jnp.float32)
         fwd = [jax.jit(f, static_argnums=2) for f in (xla_depthwise, shifts_depthwise)]
         np.testing.assert_allclose(fwd[0](x, w, stride), fwd[1](x, w, stride), rtol=1e-4, atol=1e-4)  # same maths
-        fwd_times = interleaved_medians([lambda x, w, f=f: f(x, w, stride) for f in fwd], (x, w), args.repeats)
+        fwd_times = interleaved_medians(
+            [lambda x, w, f=f, stride=stride: f(x, w, stride) for f in fwd], (x, w), args.repeats
+        )
         bwd = [jax.jit(forward_backward(f), static_argnums=3) for f in (xla_depthwise, shifts_depthwise)]
-        bwd_times = interleaved_medians([lambda x, w, dy, f=f: f(x, w, dy, stride) for f in bwd], (x, w, dy), args.repeats)
+        bwd_times = interleaved_medians(
+            [lambda x, w, dy, f=f, stride=stride: f(x, w, dy, stride) for f in bwd], (x, w, dy), args.repeats
+        )
         (fx, fs), (bx, bs) = fwd_times, bwd_times
         print(f"| {args.batch}x{size}x{size}x{channels} | {stride} | {fx * 1e3:.2f} | {fs * 1e3:.2f} | {fx / fs:.1f} "
               f"| {bx * 1e3:.2f} | {bs * 1e3:.2f} | {bx / bs:.1f} |", flush=True)  # fmt: skip

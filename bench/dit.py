@@ -28,13 +28,25 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench.timing import interleaved_medians
-from purejax.models import dit
 from purejax import optim
+from purejax.models import dit
 from purejax.nn import attention
 
 CASES = {
-    "digits": (dit.DiTConfig(input_size=8, patch_size=2, in_channels=1, d_model=96, n_layer=4, n_head=4, n_classes=10,
-                             learn_sigma=False, time_scale=1000.0), 64),  # fmt: skip
+    "digits": (
+        dit.DiTConfig(
+            input_size=8,
+            patch_size=2,
+            in_channels=1,
+            d_model=96,
+            n_layer=4,
+            n_head=4,
+            n_classes=10,
+            learn_sigma=False,
+            time_scale=1000.0,
+        ),
+        64,
+    ),
     "ti16": (dit.preset("Ti/2", input_size=16, in_channels=4, n_classes=10, learn_sigma=False, time_scale=1000.0), 16),
 }
 PEERS = ("purejax", "purejax-loop", "nnx")
@@ -44,8 +56,11 @@ LR, CLIP = 1e-3, 1.0
 def make_batch(config: dit.DiTConfig, batch: int):
     rng = np.random.default_rng(0)
     shape = (batch, config.input_size, config.input_size, config.in_channels)
-    return (jnp.asarray(rng.normal(size=shape), jnp.float32), jnp.asarray(rng.uniform(size=batch), jnp.float32),
-            jnp.asarray(rng.integers(0, config.n_classes + 1, batch)), jnp.asarray(rng.normal(size=shape), jnp.float32))  # fmt: skip
+    x = jnp.asarray(rng.normal(size=shape), jnp.float32)
+    t = jnp.asarray(rng.uniform(size=batch), jnp.float32)
+    y = jnp.asarray(rng.integers(0, config.n_classes + 1, batch))
+    noise = jnp.asarray(rng.normal(size=shape), jnp.float32)
+    return x, t, y, noise
 
 
 def make_weights(config: dit.DiTConfig):
@@ -63,7 +78,9 @@ def make_purejax(weights, config, batch, layers="scan"):
         return jnp.mean(jnp.square(dit.velocity(params, z, t, y, config) - target)), {}
 
     optimizer = optim.adamw(LR, weight_decay=0.0)
-    step_fn = jax.jit(partial(optim.train_step, loss_fn=loss_fn, optimizer=optimizer, max_grad_norm=CLIP), donate_argnums=0)
+    step_fn = jax.jit(
+        partial(optim.train_step, loss_fn=loss_fn, optimizer=optimizer, max_grad_norm=CLIP), donate_argnums=0
+    )
     state = optim.init_train_state(jax.tree.map(jnp.array, weights), optimizer, jax.random.key(0))
 
     def step():
@@ -92,7 +109,9 @@ def nnx_model(weights, config):
         def __call__(self, x, c):
             s1, sc1, g1, s2, sc2, g2 = jnp.split(self.adaln(nnx.silu(c))[:, None], 6, axis=-1)
             b, n, _ = x.shape
-            q, k, v = (a.reshape(b, n, heads, d // heads) for a in jnp.split(self.qkv(self.norm(x) * (1 + sc1) + s1), 3, -1))
+            q, k, v = (
+                a.reshape(b, n, heads, d // heads) for a in jnp.split(self.qkv(self.norm(x) * (1 + sc1) + s1), 3, -1)
+            )
             x = x + g1 * self.attn_proj(jax.nn.dot_product_attention(q, k, v).reshape(b, n, d))
             h = nnx.gelu(self.fc(self.norm(x) * (1 + sc2) + s2), approximate=True)
             return x + g2 * self.mlp_proj(h)
@@ -104,7 +123,10 @@ def nnx_model(weights, config):
             self.t_fc, self.t_proj = nnx.Linear(config.freq_dim, d, rngs=rngs), nnx.Linear(d, d, rngs=rngs)
             self.classes = nnx.Embed(config.n_classes + 1, d, rngs=rngs)
             self.blocks = nnx.List([Block(rngs) for _ in range(config.n_layer)])
-            self.final_adaln, self.final_proj = nnx.Linear(d, 2 * d, rngs=rngs), nnx.Linear(d, p * p * config.out_channels, rngs=rngs)
+            self.final_adaln, self.final_proj = (
+                nnx.Linear(d, 2 * d, rngs=rngs),
+                nnx.Linear(d, p * p * config.out_channels, rngs=rngs),
+            )
             self.norm = nnx.LayerNorm(d, epsilon=1e-6, use_bias=False, use_scale=False, rngs=rngs)
 
         def __call__(self, x, t, y):
@@ -130,7 +152,7 @@ def nnx_model(weights, config):
     copy(model.final_proj, weights["final"]["proj"])
     to_split = np.argsort(attention.qkv_permutation(config.attention))
     for i, block in enumerate(model.blocks):
-        w = jax.tree.map(lambda a: a[i], weights["blocks"])
+        w = jax.tree.map(lambda a, i=i: a[i], weights["blocks"])
         qkv = {name: a[..., to_split] for name, a in w["attn"]["qkv"].items()}
         for module, linear in ((block.adaln, w["adaln"]), (block.qkv, qkv), (block.attn_proj, w["attn"]["proj"]),
                                (block.fc, w["mlp"]["fc"]), (block.mlp_proj, w["mlp"]["proj"])):  # fmt: skip
@@ -170,7 +192,10 @@ def run_case(name: str, repeats: int) -> list[tuple[str, float, float]]:
         firsts.append(time.perf_counter() - start)
         losses.append((first, float(step())))
         steps.append(step)
-    print(f"{name}: losses on the first two steps: " + ", ".join(f"{p} {a:.6f} {b:.6f}" for p, (a, b) in zip(PEERS, losses)))
+    print(
+        f"{name}: losses on the first two steps: "
+        + ", ".join(f"{p} {a:.6f} {b:.6f}" for p, (a, b) in zip(PEERS, losses))
+    )
     reference = np.array(losses[0])
     for peer, pair in zip(PEERS, losses):
         if not np.allclose(pair, reference, rtol=2e-4):

@@ -44,8 +44,8 @@ import numpy as np
 
 from bench import gpt_train
 from bench.timing import interleaved_medians
-from purejax.models import gpt
 from purejax import optim
+from purejax.models import gpt
 from purejax.precision import Policy
 from purejax.train import gpt as train_gpt
 
@@ -363,7 +363,8 @@ class Dot:
 
     def describe(self) -> str:
         dims = lambda shape, c, b: ",".join(  # noqa: E731
-            ("k" if i in c else "b" if i in b else "") + str(d) for i, d in enumerate(shape))
+            ("k" if i in c else "b" if i in b else "") + str(d) for i, d in enumerate(shape)
+        )
         lhs = dims(self.lhs, self.contract[0], self.batch[0])
         return f"[{lhs}] x [{dims(self.rhs, self.contract[1], self.batch[1])}]"
 
@@ -501,7 +502,7 @@ def section_profile(setup: Setup, repeats) -> dict:
     # other jobs then spoils one round's figures, not one contender's.
     rounds = [{name: profile(step, hlo, steps=2) for name, (step, hlo) in built.items()} for _ in range(3)]
     rows = []
-    for name, (step, hlo) in built.items():
+    for name, (_step, hlo) in built.items():
         busy = {k: statistics.median(r[name].get(k, 0.0) for r in rounds) for k in (*KINDS, "wall", "thunks")}
         moved = movement(hlo)
         total = sum(busy.get(k, 0.0) for k in KINDS)
@@ -535,8 +536,10 @@ def section_dots(setup: Setup, built: dict, repeats: int) -> None:
     _table(("step", "GFLOP", "XLA dots alone", "same dots in torch", "torch / XLA"),
            [[c, f"{totals[c, 'gflop']:.2f}", f"{totals[c, 'xla']:.1f}", f"{totals[c, 'torch']:.1f}",
              f"{totals[c, 'torch'] / totals[c, 'xla']:.2f}"] for c in ("purejax-3d", "purejax")])  # fmt: skip
-    print(f"torch eager step under its profiler: {tp['wall']:.1f} ms, of which matmul kernels {tp['matmul']:.1f} ms"
-          f" and attention kernels {tp['attention']:.1f} ms")
+    print(
+        f"torch eager step under its profiler: {tp['wall']:.1f} ms, of which matmul kernels {tp['matmul']:.1f} ms"
+        f" and attention kernels {tp['attention']:.1f} ms"
+    )
 
 
 def section_attention(setup: Setup, repeats) -> None:
@@ -548,8 +551,10 @@ def section_attention(setup: Setup, repeats) -> None:
     losses = {name: float(step()) for name, step in steps.items()}
     ms = _medians(steps, setup, repeats)
     print(f"\n### {setup.name}: attention formulation (purejax step)")
-    _table(("attention", "step ms", "/ fused", "first loss"),
-           [[n, f"{ms[n]:.1f}", f"{ms[n] / ms['fused']:.2f}", f"{losses[n]:.7f}"] for n in steps])
+    _table(
+        ("attention", "step ms", "/ fused", "first loss"),
+        [[n, f"{ms[n]:.1f}", f"{ms[n] / ms['fused']:.2f}", f"{losses[n]:.7f}"] for n in steps],
+    )
 
 
 def section_step(setup: Setup, repeats) -> None:

@@ -11,7 +11,8 @@ timing the run checks that all of them report the same loss on the first step (t
 the second (after one identical update).
 
 Contenders (`--peers`, default all but raw-scan):
-    purejax        purejax/models/gpt.py + purejax.optim, built exactly as purejax/train/gpt.py builds its step (scan over layers)
+    purejax        purejax/models/gpt.py + purejax.optim, built exactly as purejax/train/gpt.py builds its step
+                   (scan over layers)
     purejax-loop   the same with GPTConfig(layers="loop"): the blocks unrolled as a Python loop
     raw            jax.numpy only: a dict of params with a list of per-layer dicts, a hand-written AdamW
     raw-scan       the same maths with the blocks stacked and run under lax.scan
@@ -46,8 +47,8 @@ import numpy as np
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from bench.timing import interleaved_medians
-from purejax.models import gpt, gpt_hf
 from purejax import optim
+from purejax.models import gpt, gpt_hf
 from purejax.precision import Policy
 from purejax.train import gpt as train_gpt
 from purejax.train import run
@@ -506,7 +507,9 @@ def run_case(name, case, peers, repeats):
         # Same weights and batch: the first losses agree to float32 rounding; after one AdamW step (lr ~1e-5,
         # the update about lr * sign(g)) the peers' different clipping and epsilon placement stay far below 1e-4.
         np.testing.assert_allclose(loss0, reference[0], rtol=1e-5, err_msg=f"{name}: {peer}'s initial loss differs")
-        np.testing.assert_allclose(loss1, reference[1], rtol=1e-4, err_msg=f"{name}: {peer}'s loss after a step differs")
+        np.testing.assert_allclose(
+            loss1, reference[1], rtol=1e-4, err_msg=f"{name}: {peer}'s loss after a step differs"
+        )
     assert abs(reference[0] - math.log(config.vocab_size)) < 0.1, f"{name}: initial loss {reference[0]} is not ~ln(65)"
 
     timed = list(steps)
@@ -561,8 +564,10 @@ def main(argv=None):
     results = {name: run_case(name, CASES[name], peers, args.repeats) for name in configs}
     rates += [run.measure_matmul_flops() for _ in range(3)]
     peak = max(rates)  # on a shared machine, the best rate seen is the machine's; slower ones met other jobs
-    print(f"\nfloat32 matmul rate (1024^3, jitted), 3 at the start and 3 at the end: "
-          f"{', '.join(f'{r / 1e9:.0f}' for r in rates)} GFLOP/s; MFU is against the best, {peak / 1e9:.0f}")
+    print(
+        f"\nfloat32 matmul rate (1024^3, jitted), 3 at the start and 3 at the end: "
+        f"{', '.join(f'{r / 1e9:.0f}' for r in rates)} GFLOP/s; MFU is against the best, {peak / 1e9:.0f}"
+    )
     print(f"load average at the end {os.getloadavg()[0]:.1f}; total {time.perf_counter() - start:.0f}s\n")
     header = ("config", "peer", "step ms", "tokens/s", "time / purejax", "MFU", "first s", "note")
     print("| " + " | ".join(header) + " |")

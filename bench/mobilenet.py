@@ -24,9 +24,9 @@ import numpy as np
 import optax
 
 from bench.timing import interleaved_medians
-from purejax.models import mobilenet
 from purejax import losses, optim
 from purejax import tree as tree_lib
+from purejax.models import mobilenet
 from purejax.train import classify
 
 LR, WEIGHT_DECAY = 1e-3, 1e-4
@@ -78,7 +78,10 @@ def nnx_model(config, params):
             self.blocks = nnx.List([Block(params[b.name], b) for b in config.blocks()])
             self.last = Unit(params["last"], 1, 1)
             self.classifier = nnx.Linear(config.last_channels, config.n_classes, rngs=rngs)
-            self.classifier.kernel.value, self.classifier.bias.value = params["classifier"]["w"], params["classifier"]["b"]
+            self.classifier.kernel.value, self.classifier.bias.value = (
+                params["classifier"]["w"],
+                params["classifier"]["b"],
+            )
 
         def __call__(self, x):
             h = self.stem(x)
@@ -94,7 +97,8 @@ def nnx_step(config, params):
 
     model = nnx_model(config, params)
     model.train()
-    opt = nnx.Optimizer(model, optax.adamw(LR, weight_decay=WEIGHT_DECAY, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)),
+    decay_matrices = lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)  # noqa: E731
+    opt = nnx.Optimizer(model, optax.adamw(LR, weight_decay=WEIGHT_DECAY, mask=decay_matrices),
                         wrt=nnx.Param)  # fmt: skip
 
     @nnx.jit
@@ -136,8 +140,11 @@ def main(argv=None):
     params = mobilenet.init(jax.random.key(0), config)
     step, model, opt = nnx_step(config, params)
     contenders["nnx"] = lambda: step(model, opt, batch)
-    print(f"MobileNetV2 width {args.width}, {args.image_size}x{args.image_size}x3, batch {args.batch}, "
-          f"{tree_lib.count(params) / 1e6:.2f}M params, {config.downsamples} stride-2 layers; backend {jax.default_backend()}")  # fmt: skip
+    print(
+        f"MobileNetV2 width {args.width}, {args.image_size}x{args.image_size}x3, batch {args.batch}, "
+        f"{tree_lib.count(params) / 1e6:.2f}M params, {config.downsamples} stride-2 layers; "
+        f"backend {jax.default_backend()}"
+    )
     for name, fn in contenders.items():
         start = time.perf_counter()
         losses_seen[name] = [float(fn()), float(fn())]

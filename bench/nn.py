@@ -101,7 +101,11 @@ def main(argv=None):
 
     rng = np.random.default_rng(0)
     mlp_params = mlp.init(jax.random.key(0), MLP_CONFIG)
-    mlp_args = (mlp_params, jnp.asarray(rng.normal(size=(128, 784)), jnp.float32), jnp.asarray(rng.integers(0, 10, 128)))
+    mlp_args = (
+        mlp_params,
+        jnp.asarray(rng.normal(size=(128, 784)), jnp.float32),
+        jnp.asarray(rng.integers(0, 10, 128)),
+    )
     block_args = (init_block(jax.random.key(1)), jnp.asarray(rng.normal(size=(8, 128, 384)), jnp.float32))
 
     cases = [
@@ -113,7 +117,9 @@ def main(argv=None):
     for name, ours, raw, case_args in cases:
         grad_ours, grad_raw = jax.value_and_grad(ours), jax.value_and_grad(raw)
         np.testing.assert_allclose(grad_ours(*case_args)[0], grad_raw(*case_args)[0], rtol=1e-5)
-        t_ours, t_raw = interleaved_medians([jax.jit(grad_ours), jax.jit(grad_raw)], case_args, args.repeats, args.iters)
+        t_ours, t_raw = interleaved_medians(
+            [jax.jit(grad_ours), jax.jit(grad_raw)], case_args, args.repeats, args.iters
+        )
         same = opcode_counts(grad_ours, *case_args) == opcode_counts(grad_raw, *case_args)
         print(f"{name:42s} {t_ours * 1e3:8.3f}ms {t_raw * 1e3:8.3f}ms {t_ours / t_raw:7.3f}  {'yes' if same else 'no'}")
 

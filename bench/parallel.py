@@ -32,21 +32,21 @@ import os
 
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import re  # noqa: E402
-from functools import partial  # noqa: E402
+import argparse
+import dataclasses
+import re
+from functools import partial
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
 
-from bench.gpt_train import CASES  # noqa: E402
-from bench.timing import interleaved_medians  # noqa: E402
-from purejax.models import gpt, gpt_parallel  # noqa: E402
-from purejax import optim, parallel  # noqa: E402
-from purejax import tree as tree_lib  # noqa: E402
+from bench.gpt_train import CASES
+from bench.timing import interleaved_medians
+from purejax import optim, parallel
+from purejax import tree as tree_lib
+from purejax.models import gpt, gpt_parallel
 
 CONFIG = gpt.GPTConfig(block_size=64, vocab_size=128, n_layer=4, n_head=8, n_embd=128, bias=True)
 BATCH = 16
@@ -144,8 +144,10 @@ def modes_table(repeats: int) -> None:
     optimizer = optim.adamw(1e-3, weight_decay=0.1)
     batch = make_batch(CONFIG, BATCH)
     single, single_state = single_step(CONFIG, params, optimizer)
-    print(f"\nGPT n_layer={CONFIG.n_layer} n_head={CONFIG.n_head} n_embd={CONFIG.n_embd} block={CONFIG.block_size} "
-          f"vocab={CONFIG.vocab_size}, batch {BATCH}, {tree_lib.count(params):,} params, float32 (4 bytes/element)\n")  # fmt: skip
+    print(
+        f"\nGPT n_layer={CONFIG.n_layer} n_head={CONFIG.n_head} n_embd={CONFIG.n_embd} block={CONFIG.block_size} "
+        f"vocab={CONFIG.vocab_size}, batch {BATCH}, {tree_lib.count(params):,} params, float32 (4 bytes/element)\n"
+    )
     print("| mode | mesh | all-reduce: ops, KiB/device (theory) | all-gather | reduce-scatter | step ms (1 device) |")
     print("|---|---|---|---|---|---|")
     for name, (dp, tp, fsdp) in MODES.items():
@@ -179,7 +181,9 @@ def main(argv=None) -> None:
     parser.add_argument("--skip-dp2", action="store_true", help="leave out the 2-device data-parallel table")
     args = parser.parse_args(argv)
     assert jax.device_count() == 8, jax.devices()
-    print(f"jax {jax.__version__}, {jax.device_count()} simulated {jax.default_backend()} devices, {os.cpu_count()} cores")
+    print(
+        f"jax {jax.__version__}, {jax.device_count()} simulated {jax.default_backend()} devices, {os.cpu_count()} cores"
+    )
     modes_table(args.repeats)
     if not args.skip_dp2:
         dp2_table(args.repeats)

@@ -29,7 +29,10 @@ def cross_entropy(
     in range and pmax has no derivative), the sum of exponentials and the label's logit are `psum`-med,
     three scalars per example instead of the whole vocabulary."""
     if logits.shape[:-1] != labels.shape:
-        raise ValueError(f"cross_entropy: logits {tuple(logits.shape)} need labels of shape {tuple(logits.shape[:-1])}, got {tuple(labels.shape)}")
+        raise ValueError(
+            f"cross_entropy: logits {tuple(logits.shape)} need labels of shape {tuple(logits.shape[:-1])}, "
+            f"got {tuple(labels.shape)}"
+        )
     logits, labels = _f32(logits), jnp.asarray(labels)
     valid = labels != ignore_index if ignore_index is not None else jnp.ones(labels.shape, bool)
     n_classes = logits.shape[-1]

@@ -143,7 +143,9 @@ def global_norm(tree: PyTree, axis_name: Any = None, *, specs: PyTree = None) ->
             once per device.
     Every device then gets the norm of the whole tree. Leave both None on one device."""
     if axis_name is not None and specs is not None:
-        raise ValueError("global_norm: give axis_name (every leaf split over the same axes) or specs (per leaf), not both")
+        raise ValueError(
+            "global_norm: give axis_name (every leaf split over the same axes) or specs (per leaf), not both"
+        )
     leaves = jax.tree_util.tree_leaves(tree)
     if not leaves:
         return jnp.zeros((), jnp.float32)
@@ -157,7 +159,9 @@ def global_norm(tree: PyTree, axis_name: Any = None, *, specs: PyTree = None) ->
     spec_leaves = jax.tree_util.tree_structure(tree).flatten_up_to(specs)
     by_axes: dict[tuple[str, ...], Any] = {}  # one psum per distinct set of axes, not one per leaf
     for x, spec in zip(leaves, spec_leaves):
-        axes = tuple(sorted({a for entry in spec if entry is not None for a in ((entry,) if isinstance(entry, str) else entry)}))
+        axes = tuple(
+            sorted({a for entry in spec if entry is not None for a in ((entry,) if isinstance(entry, str) else entry)})
+        )
         by_axes[axes] = by_axes.get(axes, 0.0) + sum_of_squares(x)
     return jnp.sqrt(sum(jax.lax.psum(part, axes) if axes else part for axes, part in by_axes.items()))
 

@@ -1,5 +1,5 @@
-"""Test-session set-up: run-time shape and type checking of everything in `purejax` (its models and programs included), and a
-persistent compilation cache.
+"""Test-session set-up: run-time shape and type checking of everything in `purejax` (its models and programs
+included), and a persistent compilation cache.
 
 jaxtyping's import hook decorates every annotated function in those packages with beartype as they are
 imported, so a wrong shape or dtype fails at the call with the argument's name. It must be installed before

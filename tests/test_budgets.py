@@ -26,7 +26,12 @@ def code_lines(source: str) -> set[int]:
             lines.update(range(token.start[0], token.end[0] + 1))
     for node in ast.walk(ast.parse(source)):
         body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+        ):
             if isinstance(body[0].value.value, str):
                 lines -= set(range(body[0].lineno, body[0].end_lineno + 1))
     return lines
@@ -50,7 +55,9 @@ def test_source_file_fits_the_budgets(path):
     n_lines = len(path.read_text().splitlines())
     limit = PAGES.get(name, MAX_FILE_LINES)
     assert n_lines <= limit, f"{name} has {n_lines} lines, over its budget of {limit}: split it by idea"
-    assert not long_functions(path), f"{name}: functions over {MAX_FUNCTION_CODE_LINES} code lines: {long_functions(path)}"
+    assert not long_functions(path), (
+        f"{name}: functions over {MAX_FUNCTION_CODE_LINES} code lines: {long_functions(path)}"
+    )
 
 
 def test_the_counter_counts_code_only():

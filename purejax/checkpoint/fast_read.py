@@ -56,9 +56,7 @@ def read_leaves(fd: int, info: CheckpointInfo, indices: Iterable[int]) -> Iterat
         pool.shutdown(wait=True, cancel_futures=True)  # after an error, skip the reads not yet started
 
 
-def _submit_leaf(
-    pool: ThreadPoolExecutor, fd: int, info: CheckpointInfo, leaf: LeafInfo
-) -> tuple[np.ndarray, Tasks]:
+def _submit_leaf(pool: ThreadPoolExecutor, fd: int, info: CheckpointInfo, leaf: LeafInfo) -> tuple[np.ndarray, Tasks]:
     """A new aligned buffer for `leaf`, and the tasks that fill it."""
     buf, tasks, n = sequential.aligned_empty(leaf.nbytes), [], len(leaf.crc32)
     if info.chunk_bytes <= _PIECE_BYTES:  # small records: runs of whole ones, each task about a span of data

@@ -179,5 +179,3 @@ class CheckpointInfo:
     @property
     def manifest(self) -> dict[str, LeafInfo]:
         return {leaf.path: leaf for leaf in self.leaves}
-
-

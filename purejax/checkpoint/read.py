@@ -187,9 +187,7 @@ def _key_layout(impl: str) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
     return key, jax.eval_shape(jax.random.key_data, key)
 
 
-def _check_like(
-    path: Path, subtree: str | None, stored: dict[str, LeafInfo], like: dict[str, Any], cast: bool
-) -> None:
+def _check_like(path: Path, subtree: str | None, stored: dict[str, LeafInfo], like: dict[str, Any], cast: bool) -> None:
     """TreeMismatchError listing every difference between the stored leaves and the template."""
     for name, x in like.items():
         if isinstance(x, jax.ShapeDtypeStruct) and not _is_key(x) and jax.dtypes.canonicalize_dtype(x.dtype) != x.dtype:

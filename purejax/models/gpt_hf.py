@@ -246,6 +246,4 @@ def _read_tensors(directory: Path) -> dict[str, np.ndarray]:
 
 def _check_exportable(config: gpt.GPTConfig) -> None:
     if not config.bias:
-        raise ValueError(
-            "GPT-2 in Hugging Face's layout always has biases; a model with bias=False cannot be exported"
-        )
+        raise ValueError("GPT-2 in Hugging Face's layout always has biases; a model with bias=False cannot be exported")

@@ -66,9 +66,11 @@ def check_same_leading_axis(where: str, tree: Any, name: str, hint: str) -> int:
     shapes = [np.shape(leaf) for leaf in flat.values()]
     _require(
         lambda: chex.assert_equal_shape_prefix([_shaped(leaf) for leaf in flat.values()], 1),
-        lambda: f"{where}: every leaf of {name} needs the same leading layer axis, got "
-        + ", ".join(f"{p}: {tree_lib.describe(leaf)}" for p, leaf in flat.items())
-        + f"; {hint}",
+        lambda: (
+            f"{where}: every leaf of {name} needs the same leading layer axis, got "
+            + ", ".join(f"{p}: {tree_lib.describe(leaf)}" for p, leaf in flat.items())
+            + f"; {hint}"
+        ),
     )
     if not shapes[0]:
         raise ValueError(f"{where}: {name} holds only scalars, so it has no layer axis; {hint}")

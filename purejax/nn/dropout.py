@@ -13,9 +13,7 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 from purejax.nn._check import check_rate
 
 
-def apply(
-    x: Float[ArrayLike, "*shape"], *, rate: float, key: PRNGKeyArray | None = None
-) -> Float[Array, "*shape"]:
+def apply(x: Float[ArrayLike, "*shape"], *, rate: float, key: PRNGKeyArray | None = None) -> Float[Array, "*shape"]:
     """Zero each element with probability `rate` and scale the rest by 1/(1 - rate); `x` unchanged when `key`
     is None or `rate` is 0."""
     check_rate("dropout", rate)

@@ -16,14 +16,11 @@ the learning rate is a function of the step, so an interrupted and resumed run p
 parameters as an uninterrupted one, bit for bit.
 
 Several devices: `--dp` data-parallel groups of `--tp` tensor-parallel devices, `--fsdp` to split params and
-optimizer state over the data groups too (purejax/train/parallel.py, docs/parallelism.md). `batch_size` is the global
-batch, so without dropout a run computes the same thing on any mesh (dropout masks depend on the data shard).
-Several processes (docs/multihost.md): every process runs this program, started by `srun`, `mpirun` or
-`python -m purejax.parallel.launch` (each tells it its place), or given `--coordinator`, `--num_processes` and
-its `--process_id`; each reads only its rows of every batch, and only process 0 writes logs, checkpoints and
-the progress bar. The device settings describe this
-launch: a resumed run takes them from the command line, not from the checkpoint, so a run saved on one mesh
-continues on another.
+optimizer state over the data groups too (docs/parallelism.md); `batch_size` is the global batch, so without
+dropout every mesh computes the same thing (dropout masks depend on the data shard). Several processes
+(docs/multihost.md), started by `srun`, `mpirun` or `python -m purejax.parallel.launch`, each read only their rows
+of every batch; process 0 alone writes logs and checkpoints. A resumed run takes the device settings from this
+command line, not from the checkpoint, so a run saved on one mesh continues on another.
 """
 
 import dataclasses
@@ -45,7 +42,7 @@ from purejax.train import data as data_lib
 from purejax.train import resume, run
 from purejax.train.gpt_config import TrainConfig, decays, load_gpt2, make_optimizer, new_state
 from purejax.train.loop import Loop
-from purejax.train.parallel import Devices
+from purejax.train.parallel import Devices, start_devices
 
 __all__ = ["TrainConfig", "decays", "main", "make_loss_fn", "make_optimizer", "parse"]
 PROGRAM = "train.gpt"
@@ -99,22 +96,6 @@ def resolve_resume(
     return resume.settings(cfg, given, {**saved["train"], **recorded}, fixed=recorded), saved
 
 
-def start_devices(cfg: TrainConfig) -> Devices:
-    """Join the multi-process run if there is one and make the dp x tp devices; before any other JAX call."""
-    num_processes = cfg.num_processes or distributed.launched_process_count()  # also srun's or mpirun's count
-    try:
-        devices = Devices(dp=cfg.dp, tp=cfg.tp, fsdp=cfg.fsdp, num_processes=num_processes)
-        devices.start(coordinator_address=cfg.coordinator or None, num_processes=cfg.num_processes or None,
-                      process_id=None if cfg.process_id < 0 else cfg.process_id)  # fmt: skip
-        if jax.process_count() != num_processes:  # a Cloud TPU pod's runtime joins its workers by itself
-            devices = dataclasses.replace(devices, num_processes=jax.process_count())
-        if devices.sharded:
-            devices.mesh  # noqa: B018 - builds the mesh now, so a wrong device count fails before any work
-    except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
-    return devices
-
-
 def open_data(cfg: TrainConfig, devices: Devices, saved: dict | None) -> tuple[data_lib.Dataset, dict]:
     """The dataset (prepared by process 0 if needed) and its fingerprint, which must be the checkpoint's when
     resuming: the same tokenizer and token files, or a clear error before anything is overwritten."""
@@ -127,8 +108,10 @@ def open_data(cfg: TrainConfig, devices: Devices, saved: dict | None) -> tuple[d
         raise SystemExit(f"error: dataset {cfg.dataset!r}: {e}") from None
     shortest = min(len(dataset.train), len(dataset.val))
     if cfg.block_size >= shortest:
-        raise SystemExit(f"error: block_size={cfg.block_size} needs more than {cfg.block_size} tokens per split, "
-                         f"but the {'train' if len(dataset.train) == shortest else 'val'} split has {shortest}")
+        raise SystemExit(
+            f"error: block_size={cfg.block_size} needs more than {cfg.block_size} tokens per split, "
+            f"but the {'train' if len(dataset.train) == shortest else 'val'} split has {shortest}"
+        )
     fingerprint = data_lib.fingerprint(dataset)
     say = print if distributed.is_main() else lambda line: None
     resume.check_data(saved, fingerprint, f"dataset {cfg.dataset!r} ({dataset.path})", say)
@@ -157,7 +140,11 @@ def choose_model(cfg: TrainConfig, vocab_size: int, devices: Devices, saved: dic
 
 
 def resume_state(
-    cfg: TrainConfig, model: gpt.GPTConfig, saved: dict, manager: checkpoint.CheckpointManager, devices: Devices,
+    cfg: TrainConfig,
+    model: gpt.GPTConfig,
+    saved: dict,
+    manager: checkpoint.CheckpointManager,
+    devices: Devices,
     param_specs: Any,
 ) -> tuple[optim.TrainState, Any, checkpoint.CheckpointInfo]:
     """(state, its specs, the checkpoint's info): the newest readable checkpoint, restored into the shapes that
@@ -236,8 +223,16 @@ def compile_step(cfg: TrainConfig, model: gpt.GPTConfig, devices: Devices, state
 
 
 def train(
-    cfg: TrainConfig, model: gpt.GPTConfig, dataset: data_lib.Dataset, devices: Devices, state: optim.TrainState,
-    compiled: tuple, manager: checkpoint.CheckpointManager, config: dict, resumed: Any, stop: run.StopSignal,
+    cfg: TrainConfig,
+    model: gpt.GPTConfig,
+    dataset: data_lib.Dataset,
+    devices: Devices,
+    state: optim.TrainState,
+    compiled: tuple,
+    manager: checkpoint.CheckpointManager,
+    config: dict,
+    resumed: Any,
+    stop: run.StopSignal,
 ) -> dict:
     """The loop (`purejax.train.loop`) with what is particular to a GPT: batches drawn from (seed, step) and
     prefetched, tokens/s and MFU, and an evaluation every eval_interval steps and at the end, each followed

@@ -155,3 +155,20 @@ class Devices:
         if not check_now:
             return False
         return bool(np.any(multihost_utils.process_allgather(np.asarray(requested))))
+
+
+def start_devices(cfg: Any) -> Devices:
+    """Join the multi-process run if there is one and make the dp x tp devices, from a program's settings
+    (`dp`, `tp`, `fsdp`, `coordinator`, `num_processes`, `process_id`); before any other JAX call."""
+    num_processes = cfg.num_processes or distributed.launched_process_count()  # also srun's or mpirun's count
+    try:
+        devices = Devices(dp=cfg.dp, tp=cfg.tp, fsdp=cfg.fsdp, num_processes=num_processes)
+        devices.start(coordinator_address=cfg.coordinator or None, num_processes=cfg.num_processes or None,
+                      process_id=None if cfg.process_id < 0 else cfg.process_id)  # fmt: skip
+        if jax.process_count() != num_processes:  # a Cloud TPU pod's runtime joins its workers by itself
+            devices = dataclasses.replace(devices, num_processes=jax.process_count())
+        if devices.sharded:
+            devices.mesh  # noqa: B018 - builds the mesh now, so a wrong device count fails before any work
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    return devices

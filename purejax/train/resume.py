@@ -96,7 +96,8 @@ def check_data(saved: dict | None, current: dict, what: str, say: Callable[[str]
                    if recorded.get(k) != current.get(k)]  # fmt: skip
     if differences:
         raise SystemExit(
-            f"error: {what} is not the data the checkpoint was trained on:\n  " + "\n  ".join(differences)
+            f"error: {what} is not the data the checkpoint was trained on:\n  "
+            + "\n  ".join(differences)
             + "\nresume on the same data (prepared from the same text by the same Python version), or start a new "
             "run in another --out_dir"
         )
@@ -110,6 +111,7 @@ def _describe(part: Any) -> str:
 
 def array_fingerprint(**arrays: np.ndarray) -> dict[str, dict[str, Any]]:
     """Each array's shape, dtype and the CRC-32 of its bytes."""
+
     def one(a: np.ndarray) -> dict[str, str]:
         crc = zlib.crc32(np.ascontiguousarray(a).data)
         return {"shape": "x".join(map(str, a.shape)), "dtype": str(a.dtype), "crc32": f"{crc:08x}"}

@@ -31,7 +31,7 @@ def frechet_distance_gaussians(mu_a: np.ndarray, cov_a: np.ndarray, mu_b: np.nda
     return float(diff @ diff + np.trace(cov_a) + np.trace(cov_b) - 2 * np.trace(cross))
 
 
-def frechet_distance(a: Float[np.ndarray, "n_a *shape"], b: Float[np.ndarray, "n_b *shape"]) -> float:
+def frechet_distance(a: Float[np.ndarray, " n_a *shape"], b: Float[np.ndarray, " n_b *shape"]) -> float:
     """The Fréchet distance between Gaussians fitted to two sets of images (each image flattened)."""
     a = np.asarray(a, np.float64).reshape(len(a), -1)
     b = np.asarray(b, np.float64).reshape(len(b), -1)
@@ -41,7 +41,7 @@ def frechet_distance(a: Float[np.ndarray, "n_a *shape"], b: Float[np.ndarray, "n
     return frechet_distance_gaussians(a.mean(0), np.cov(a, rowvar=False), b.mean(0), np.cov(b, rowvar=False))
 
 
-def fit_classifier(images: Float[np.ndarray, "n *shape"], labels: Int[np.ndarray, " n"]):
+def fit_classifier(images: Float[np.ndarray, " n *shape"], labels: Int[np.ndarray, " n"]):
     """An RBF support-vector classifier on the flattened pixels (as scikit-learn's digits example): 99.4% on
     the 8x8 digits' fixed stratified test split. Independent of the generator: it never sees a generated
     image."""
@@ -50,7 +50,7 @@ def fit_classifier(images: Float[np.ndarray, "n *shape"], labels: Int[np.ndarray
     return SVC(gamma=0.25, C=10.0).fit(np.asarray(images).reshape(len(images), -1), np.asarray(labels))
 
 
-def class_accuracy(classifier, images: Float[np.ndarray, "n *shape"], labels: Int[np.ndarray, " n"]) -> float:
+def class_accuracy(classifier, images: Float[np.ndarray, " n *shape"], labels: Int[np.ndarray, " n"]) -> float:
     """The fraction of `images` the classifier reads as the class in `labels`."""
     predicted = classifier.predict(np.asarray(images).reshape(len(images), -1))
     return float(np.mean(predicted == np.asarray(labels)))

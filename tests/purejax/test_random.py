@@ -29,7 +29,9 @@ def test_fold_in_name_is_fold_in_of_the_crc_and_stable():
     np.testing.assert_array_equal(key_data(got), key_data(jax.random.fold_in(key, 1484033762)))
     # The threefry key itself, pinned: a jax upgrade that changed it would silently change every initialisation.
     np.testing.assert_array_equal(key_data(got), [3554071940, 2436748471])
-    np.testing.assert_array_equal(key_data(prandom.fold_in_name(jax.random.key(42), "blocks")), [3083906591, 1861850163])
+    np.testing.assert_array_equal(
+        key_data(prandom.fold_in_name(jax.random.key(42), "blocks")), [3083906591, 1861850163]
+    )
 
 
 def test_named_keys_are_distinct_and_differ_from_the_parent():

@@ -80,6 +80,7 @@ def test_draws_follow_the_filtered_softmax():
     expected = np.exp(expected - expected.max())
     expected /= expected.sum()
     keys = jax.random.split(jax.random.key(1), 20_000)
+
     def draw_one(key):
         return sampling.sample(key, jnp.asarray(row), temperature=temperature, top_k=k, top_p=p)[0]
 

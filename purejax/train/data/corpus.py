@@ -59,7 +59,7 @@ def read_file(path: Path) -> str:
         return path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(
-            f"{path} is not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 4]!r}); convert it to "
+            f"{path} is not UTF-8 text (byte {e.start}: {e.object[e.start : e.start + 4]!r}); convert it to "
             "UTF-8 or leave it out"
         ) from None
 

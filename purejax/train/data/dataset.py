@@ -1,9 +1,9 @@
 """Find, prepare when needed, and open a dataset: what a training program calls.
 
-    path = ensure_dataset(None)          # the default corpus, prepared into data/stdlib on first use
-    path = ensure_dataset("poems.txt")   # raw text: prepared once into a cache dir named by its content
-    path = ensure_dataset("data/shakespeare_char")   # an already prepared directory, used as it is
-    data = open_dataset(path)            # data.train / data.val are uint16 memmaps, data.tokenizer decodes
+path = ensure_dataset(None)          # the default corpus, prepared into data/stdlib on first use
+path = ensure_dataset("poems.txt")   # raw text: prepared once into a cache dir named by its content
+path = ensure_dataset("data/shakespeare_char")   # an already prepared directory, used as it is
+data = open_dataset(path)            # data.train / data.val are uint16 memmaps, data.tokenizer decodes
 """
 
 import hashlib

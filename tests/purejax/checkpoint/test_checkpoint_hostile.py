@@ -182,8 +182,9 @@ scalars = (
 )  # fmt: skip
 values = st.recursive(
     scalars,
-    lambda children: st.lists(children, max_size=5)
-    | st.dictionaries(st.text(max_size=4) | st.integers(-3, 3), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=4) | st.integers(-3, 3), children, max_size=4)
+    ),
     max_leaves=12,
 ) | st.lists(st.integers(0, 2**64 - 1), min_size=0, max_size=80)
 DELETE = object()

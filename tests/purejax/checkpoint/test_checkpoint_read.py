@@ -152,10 +152,12 @@ leaves = st.sampled_from(["float32", "bfloat16", "int8", "bool", "complex64"]).f
 )
 trees = st.recursive(
     leaves | st.none(),
-    lambda children: st.dictionaries(st.text("abc_", min_size=1, max_size=3), children, max_size=3)
-    | st.dictionaries(st.integers(-5, 5), children, max_size=3)
-    | st.lists(children, max_size=3)
-    | st.lists(children, max_size=3).map(tuple),
+    lambda children: (
+        st.dictionaries(st.text("abc_", min_size=1, max_size=3), children, max_size=3)
+        | st.dictionaries(st.integers(-5, 5), children, max_size=3)
+        | st.lists(children, max_size=3)
+        | st.lists(children, max_size=3).map(tuple)
+    ),
     max_leaves=8,
 )
 

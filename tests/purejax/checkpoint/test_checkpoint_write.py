@@ -199,7 +199,10 @@ def test_two_processes_save_once_and_both_restore(tmp_path):
     children = [
         subprocess.Popen(
             [sys.executable, str(HERE / "multiprocess_child.py"), str(i), str(port), str(tmp_path)],
-            env={**os.environ, "JAX_PLATFORMS": "cpu"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "JAX_PLATFORMS": "cpu"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for i in range(2)
     ]

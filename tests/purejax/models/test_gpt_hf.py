@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import safetensors.numpy as reference
 
-from purejax.models import gpt, gpt_hf
 from purejax import tree as tree_lib
+from purejax.models import gpt, gpt_hf
 
 N_LAYER, N_EMBD, N_HEAD, VOCAB, N_POSITIONS = 2, 32, 4, 53, 16
 HF_CONFIG = {

@@ -32,7 +32,11 @@ def test_loss_matches_numpy_cross_entropy():
     rng = np.random.default_rng(1)
     x, labels = rng.normal(size=(6, 12)).astype(np.float32), rng.integers(0, 5, 6).astype(np.int32)
     logits = numpy_forward(params, x)
-    log_probs = logits - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)) - logits.max(1, keepdims=True)
+    log_probs = (
+        logits
+        - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True))
+        - logits.max(1, keepdims=True)
+    )
     expected = -log_probs[np.arange(6), labels].mean()
     np.testing.assert_allclose(mlp.loss(params, (x, labels), CONFIG), expected, rtol=1e-5)
 

@@ -47,9 +47,17 @@ def test_parameter_counts_match_torchvision_and_the_v1_paper():
 
 @pytest.mark.parametrize(
     "size, downsamples, final, stem_stride, strided_blocks",
-    [(224, 5, 7, 2, [1, 3, 6, 13]), (32, 3, 4, 1, [3, 6, 13]), (28, 3, 4, 1, [3, 6, 13]), (8, 1, 4, 1, [13]), (3, 0, 3, 1, [])],
+    [
+        (224, 5, 7, 2, [1, 3, 6, 13]),
+        (32, 3, 4, 1, [3, 6, 13]),
+        (28, 3, 4, 1, [3, 6, 13]),
+        (8, 1, 4, 1, [13]),
+        (3, 0, 3, 1, []),
+    ],
 )
-def test_small_images_turn_the_earliest_stride_2_layers_into_stride_1(size, downsamples, final, stem_stride, strided_blocks):
+def test_small_images_turn_the_earliest_stride_2_layers_into_stride_1(
+    size, downsamples, final, stem_stride, strided_blocks
+):
     config = mobilenet.MobileNetConfig(image_size=size)
     assert (config.downsamples, config.final_size, config.stem_stride) == (downsamples, final, stem_stride)
     assert [i for i, b in enumerate(config.blocks()) if b.stride == 2] == strided_blocks
@@ -58,7 +66,14 @@ def test_small_images_turn_the_earliest_stride_2_layers_into_stride_1(size, down
 
 
 def test_width_multiplier_rounds_channels_as_torchvision():
-    assert [mobilenet.make_divisible(c) for c in (11.2, 8.4, 3, 1280 * 0.5, 24 * 0.35, 160 * 1.4)] == [16, 8, 8, 640, 8, 224]
+    assert [mobilenet.make_divisible(c) for c in (11.2, 8.4, 3, 1280 * 0.5, 24 * 0.35, 160 * 1.4)] == [
+        16,
+        8,
+        8,
+        640,
+        8,
+        224,
+    ]
     config = mobilenet.MobileNetConfig(width_mult=0.35)  # torchvision mobilenet_v2(width_mult=0.35)
     assert config.stem_channels == 16 and config.last_channels == 1280
     assert [b.out_channels for b in config.blocks()][::4] == [8, 16, 24, 32, 112]
@@ -93,7 +108,10 @@ def np_conv(x, w, stride, groups):
 
 def np_unit(p, s, x, stride, groups, eps=1e-5):
     y = np_conv(x, np.asarray(p["conv"]["w"], np.float64), stride, groups)
-    bn, st = {k: np.asarray(v, np.float64) for k, v in p["bn"].items()}, {k: np.asarray(v, np.float64) for k, v in s["bn"].items()}
+    bn, st = (
+        {k: np.asarray(v, np.float64) for k, v in p["bn"].items()},
+        {k: np.asarray(v, np.float64) for k, v in s["bn"].items()},
+    )
     return np.maximum((y - st["mean"]) / np.sqrt(st["var"] + eps) * bn["scale"] + bn["bias"], 0)  # V1: ReLU
 
 
@@ -106,7 +124,9 @@ def test_v1_eval_forward_matches_numpy():
     for b in config.blocks():
         h = np_unit(params[b.name]["depthwise"], state[b.name]["depthwise"], h, b.stride, h.shape[-1])
         h = np_unit(params[b.name]["pointwise"], state[b.name]["pointwise"], h, 1, 1)
-    expected = h.mean(axis=(1, 2)) @ np.asarray(params["classifier"]["w"], np.float64) + np.asarray(params["classifier"]["b"])
+    expected = h.mean(axis=(1, 2)) @ np.asarray(params["classifier"]["w"], np.float64) + np.asarray(
+        params["classifier"]["b"]
+    )
     apply = jax.jit(mobilenet.apply, static_argnums=3, static_argnames="train")
     logits, _ = apply(params, x.astype(np.float32), state, config, train=False)
     np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-4)
@@ -151,7 +171,9 @@ def test_axis_name_gives_the_statistics_of_the_concatenated_batch(v2):
 def test_xla_depthwise_path_agrees_with_the_shifts_path(v2):
     params, state, x, (auto, _) = v2  # "auto" is the shifts path on CPU
     assert jax.default_backend() != "cpu" or SMALL_V2.depthwise_impl == "auto"
-    config = mobilenet.MobileNetConfig(**{**SMALL_V2.__dict__, "depthwise_impl": "xla" if jax.default_backend() == "cpu" else "shifts"})
+    config = mobilenet.MobileNetConfig(
+        **{**SMALL_V2.__dict__, "depthwise_impl": "xla" if jax.default_backend() == "cpu" else "shifts"}
+    )
     other, _ = jax.jit(lambda p, s, x: mobilenet.apply(p, x, s, config, train=True))(params, state, x)
     np.testing.assert_allclose(other, auto, rtol=1e-4, atol=1e-5)
 

@@ -18,7 +18,15 @@ from purejax import tree as tree_lib
 from purejax.models import mobilenet, mobilenet_torch
 
 # torchvision's MobileNetV2, written out independently of purejax/models/mobilenet.py: (t, c, n, s) per stage.
-TORCHVISION_STAGES = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
+TORCHVISION_STAGES = (
+    (1, 16, 1, 1),
+    (6, 24, 2, 2),
+    (6, 32, 3, 2),
+    (6, 64, 4, 2),
+    (6, 96, 3, 1),
+    (6, 160, 3, 2),
+    (6, 320, 1, 1),
+)
 
 
 def divisible(v, d=8):
@@ -32,7 +40,9 @@ def torchvision_state_dict(width, num_classes, in_channels=3, seed=0) -> dict[st
     sd = {}
 
     def conv_bn(conv, bn, c_out, c_in_per_group, k):
-        sd[f"{conv}.weight"] = (rng.normal(size=(c_out, c_in_per_group, k, k)) * np.sqrt(2 / (c_in_per_group * k * k))).astype(np.float32)
+        sd[f"{conv}.weight"] = (
+            rng.normal(size=(c_out, c_in_per_group, k, k)) * np.sqrt(2 / (c_in_per_group * k * k))
+        ).astype(np.float32)
         sd[f"{bn}.weight"] = rng.uniform(0.5, 1.5, c_out).astype(np.float32)
         sd[f"{bn}.bias"] = rng.normal(0, 0.1, c_out).astype(np.float32)
         sd[f"{bn}.running_mean"] = rng.normal(0, 0.1, c_out).astype(np.float32)
@@ -83,7 +93,9 @@ def np_conv(x, w, stride, groups):
 def np_bn(x, sd, bn, eps=1e-5):
     """torch's BatchNorm2d in eval mode."""
     shape = (1, -1, 1, 1)
-    g, b, m, v = (sd[f"{bn}.{k}"].astype(np.float64).reshape(shape) for k in ("weight", "bias", "running_mean", "running_var"))
+    g, b, m, v = (
+        sd[f"{bn}.{k}"].astype(np.float64).reshape(shape) for k in ("weight", "bias", "running_mean", "running_var")
+    )
     return (x - m) / np.sqrt(v + eps) * g + b
 
 
@@ -146,7 +158,9 @@ def test_imported_weights_match_the_numpy_torchvision_forward(fixture_file):
     apply = jax.jit(mobilenet.apply, static_argnums=3, static_argnames="train")
     logits, same_state = apply(params, x, state, config, train=False)
     np.testing.assert_allclose(logits, reference_forward(sd, x, TORCHVISION_STRIDES, 2), rtol=1e-4, atol=1e-4)
-    assert tree_lib.diff(same_state, state).ok and all((a == b).all() for a, b in zip(jax.tree.leaves(same_state), jax.tree.leaves(state)))
+    assert tree_lib.diff(same_state, state).ok and all(
+        (a == b).all() for a, b in zip(jax.tree.leaves(same_state), jax.tree.leaves(state))
+    )
     np.testing.assert_array_equal(state["block_3"]["expand"]["bn"]["var"], sd["features.4.conv.0.1.running_var"])
     np.testing.assert_array_equal(params["block_0"]["depthwise"]["conv"]["w"][:, :, 0, 5],
                                   sd["features.1.conv.0.0.weight"][5, 0])  # fmt: skip
@@ -192,7 +206,9 @@ def test_every_mismatch_is_reported_at_once_by_torch_name(fixture_file):
     message = str(e.value)
     for name in ("features.3.conv.1.0.weight", "features.18.1.running_var", "features.19.0.weight", "bad.safetensors"):
         assert name in message
-    with pytest.raises(tree_lib.TreeMismatchError, match="classifier.1.weight"):  # a 10-class config for 5-class weights
+    with pytest.raises(
+        tree_lib.TreeMismatchError, match="classifier.1.weight"
+    ):  # a 10-class config for 5-class weights
         mobilenet_torch.from_torchvision(sd, mobilenet.MobileNetConfig(n_classes=10, width_mult=0.25))
 
 
@@ -219,7 +235,13 @@ def real_weights() -> Path | None:
     if not given:
         return None
     path = Path(given)
-    candidates = [path] if path.is_file() else sorted(path.rglob("*.npz")) + sorted(path.rglob("*.safetensors")) + sorted(path.rglob("mobilenet_v2-*.pth"))
+    candidates = (
+        [path]
+        if path.is_file()
+        else sorted(path.rglob("*.npz"))
+        + sorted(path.rglob("*.safetensors"))
+        + sorted(path.rglob("mobilenet_v2-*.pth"))
+    )
     return candidates[0] if candidates else None
 
 

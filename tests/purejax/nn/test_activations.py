@@ -89,7 +89,9 @@ def test_relu6_gradient_is_one_inside_and_zero_outside():
 
 
 def test_get_unknown_name_lists_the_valid_ones():
-    with pytest.raises(ValueError, match=r"unknown activation 'swish'; valid: \['gelu', 'gelu_tanh', 'identity', 'relu'"):
+    with pytest.raises(
+        ValueError, match=r"unknown activation 'swish'; valid: \['gelu', 'gelu_tanh', 'identity', 'relu'"
+    ):
         activations.get("swish")
 
 

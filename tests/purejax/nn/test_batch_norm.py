@@ -109,7 +109,9 @@ def test_cross_device_statistics_under_vmap_equal_the_concatenated_batch():
     y_single, state_single = batch_norm.apply(params, x.reshape(12, 2, 2, 5), state, train=True)
     np.testing.assert_allclose(y.reshape(12, 2, 2, 5), y_single, rtol=1e-5, atol=1e-5)
     for device in range(4):  # every device ends with the same running statistics, those of the whole batch
-        chex.assert_trees_all_close(jax.tree.map(operator.itemgetter(device), new_state), state_single, rtol=1e-5, atol=1e-6)
+        chex.assert_trees_all_close(
+            jax.tree.map(operator.itemgetter(device), new_state), state_single, rtol=1e-5, atol=1e-6
+        )
     # without axis_name each device uses its own statistics, which differ: the test above can fail
     y_local, _ = jax.vmap(lambda x: batch_norm.apply(params, x, state, train=True))(x)
     assert not np.allclose(y_local.reshape(12, 2, 2, 5), y_single, atol=1e-3)
@@ -245,7 +247,9 @@ def test_cond_selects_train_or_eval_with_a_traced_flag():
 
 def test_errors_name_what_is_wrong():
     params, state, x = batch_norm.init(None, 4), batch_norm.init_state(4), jnp.ones((2, 4))
-    with pytest.raises(KeyError, match=r"state must be a dict with keys \['mean', 'var'\].* got \['mean', 'variance'\]"):
+    with pytest.raises(
+        KeyError, match=r"state must be a dict with keys \['mean', 'var'\].* got \['mean', 'variance'\]"
+    ):
         batch_norm.apply(params, x, {"mean": state["mean"], "variance": state["var"]}, train=True)
     with pytest.raises(KeyError, match=r"batch_norm: params have missing keys \['bias'\]"):
         batch_norm.apply({"scale": params["scale"]}, x, state, train=True)

@@ -32,7 +32,9 @@ def test_check_dim_names_layer_argument_both_shapes_and_the_source():
     check_dim("linear", "x", jnp.ones((2, 3)), -1, 3, "w")
     with pytest.raises(ValueError) as err:
         check_dim("linear", "x", jnp.ones((2, 4)), -1, 3, "params['w'] of shape (3, 5)")
-    assert str(err.value) == "linear: x has shape (2, 4), but its axis -1 must be 3 to match params['w'] of shape (3, 5)"
+    assert (
+        str(err.value) == "linear: x has shape (2, 4), but its axis -1 must be 3 to match params['w'] of shape (3, 5)"
+    )
 
 
 @pytest.mark.parametrize("x", [jnp.float32(1.0), np.float32(1.0), 1.0])

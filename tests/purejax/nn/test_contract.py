@@ -170,7 +170,11 @@ def _array_like_calls():
         ("mlp", lambda a: mlp.apply(mlp.init(key, 3, 8), a), x),
         ("layer_norm", lambda a: layer_norm.apply(layer_norm.init(None, 3), a), x),
         ("rms_norm", lambda a: rms_norm.apply(rms_norm.init(None, 3), a), x),
-        ("batch_norm", lambda a: batch_norm.apply(batch_norm.init(None, 3), a, batch_norm.init_state(3), train=True)[0], x),
+        (
+            "batch_norm",
+            lambda a: batch_norm.apply(batch_norm.init(None, 3), a, batch_norm.init_state(3), train=True)[0],
+            x,
+        ),
         ("dropout", lambda a: dropout.apply(a, rate=0.5, key=key), x),
         ("dropout without key", lambda a: dropout.apply(a, rate=0.5), x),
         ("embedding", lambda a: embedding.apply(table, a), np.array([[1, 2]], np.int32)),

@@ -226,5 +226,7 @@ def test_image_without_spatial_axes_fails_at_the_call():
     with pytest.raises(TypeCheckError, match="x"):
         conv.apply(params, jnp.ones((5, 4)))
     # without the test-time type checker (a training run), conv's own check says it (it was `min()` of nothing)
-    with pytest.raises(ValueError, match=r"conv: x must be \(\*batch, height, width, in_channels\), got shape \(5, 4\)"):
+    with pytest.raises(
+        ValueError, match=r"conv: x must be \(\*batch, height, width, in_channels\), got shape \(5, 4\)"
+    ):
         conv._check(params, jnp.ones((5, 4)), 1, "auto")

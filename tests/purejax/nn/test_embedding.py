@@ -39,7 +39,9 @@ def test_lookup_matches_numpy_indexing(shape):
 def test_lookup_accepts_any_integer_dtype():
     params = table()
     for dtype in (jnp.int8, jnp.uint8, jnp.int16, jnp.uint32):
-        np.testing.assert_array_equal(embedding.apply(params, jnp.array([10, 0], dtype)), params["w"][jnp.array([10, 0])])
+        np.testing.assert_array_equal(
+            embedding.apply(params, jnp.array([10, 0], dtype)), params["w"][jnp.array([10, 0])]
+        )
 
 
 @pytest.mark.parametrize("jit", [False, True])
@@ -66,7 +68,9 @@ def test_attend_is_the_tied_lm_head():
     h = np.random.default_rng(3).normal(size=(2, 3, 4)).astype(np.float32)
     logits = embedding.attend(params, jnp.asarray(h))
     chex.assert_shape(logits, (2, 3, 11))
-    np.testing.assert_allclose(logits, h.astype(np.float64) @ np.asarray(params["w"], np.float64).T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        logits, h.astype(np.float64) @ np.asarray(params["w"], np.float64).T, rtol=1e-5, atol=1e-5
+    )
 
 
 class EmbeddingVariantsTest(chex.TestCase):
@@ -101,7 +105,9 @@ def test_attend_wrong_width_names_the_argument_and_both_shapes():
 
 
 def test_missing_and_extra_param_keys():
-    with pytest.raises(KeyError, match=r"embedding: params have missing keys \['w'\] and unexpected keys \['embedding'\]"):
+    with pytest.raises(
+        KeyError, match=r"embedding: params have missing keys \['w'\] and unexpected keys \['embedding'\]"
+    ):
         embedding.apply({"embedding": jnp.ones((3, 2))}, jnp.array([0]))
     with pytest.raises(KeyError, match=r"unexpected keys \['b'\]"):
         embedding.attend({"w": jnp.ones((3, 2)), "b": jnp.zeros(3)}, jnp.ones((1, 2)))

@@ -72,7 +72,9 @@ def test_wrong_input_feature_size_names_the_argument_and_both_shapes():
     params = linear.init(jax.random.key(0), 3, 5)
     with pytest.raises(ValueError) as err:
         linear.apply(params, jnp.ones((2, 4)))
-    assert str(err.value) == "linear: x has shape (2, 4), but its axis -1 must be 3 to match params['w'] of shape (3, 5)"
+    assert (
+        str(err.value) == "linear: x has shape (2, 4), but its axis -1 must be 3 to match params['w'] of shape (3, 5)"
+    )
 
 
 def test_int_input_fails_at_the_call_naming_the_argument():
@@ -97,7 +99,9 @@ def test_missing_and_extra_param_keys():
 
 @pytest.mark.parametrize("d_in, d_out", [(0, 4), (4, 0), (-1, 4)])
 def test_impossible_sizes(d_in, d_out):
-    with pytest.raises(ValueError, match=f"linear.init: d_in and d_out must be positive, got d_in={d_in}, d_out={d_out}"):
+    with pytest.raises(
+        ValueError, match=f"linear.init: d_in and d_out must be positive, got d_in={d_in}, d_out={d_out}"
+    ):
         linear.init(jax.random.key(0), d_in, d_out)
 
 

@@ -124,7 +124,10 @@ def test_jitted_train_step_with_dropout_traces_once():
 def test_wrong_input_feature_size_names_mlp_x_and_both_shapes():
     with pytest.raises(ValueError) as err:
         mlp.apply(PARAMS, jnp.ones((2, 5)))
-    assert str(err.value) == "mlp: x has shape (2, 5), but its axis -1 must be 6 to match params['fc']['w'] of shape (6, 12)"
+    assert (
+        str(err.value)
+        == "mlp: x has shape (2, 5), but its axis -1 must be 6 to match params['fc']['w'] of shape (6, 12)"
+    )
 
 
 def test_missing_and_extra_param_keys_name_the_path():

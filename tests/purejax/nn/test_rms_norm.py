@@ -59,7 +59,9 @@ def test_eps_matters_for_small_inputs():
     x = np.full((1, 4), 1e-3, np.float32)  # mean square 1e-6 = eps
     y = rms_norm.apply(rms_norm.init(None, 4), jnp.asarray(x))
     np.testing.assert_allclose(y, np.full((1, 4), 1 / np.sqrt(2)), rtol=1e-5)
-    np.testing.assert_allclose(rms_norm.apply(rms_norm.init(None, 4), jnp.asarray(x), eps=0.0), np.ones((1, 4)), rtol=1e-5)
+    np.testing.assert_allclose(
+        rms_norm.apply(rms_norm.init(None, 4), jnp.asarray(x), eps=0.0), np.ones((1, 4)), rtol=1e-5
+    )
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
@@ -130,7 +132,10 @@ def test_int_input_fails_at_the_call_naming_the_argument():
 def test_wrong_feature_size_names_the_argument_and_both_shapes():
     with pytest.raises(ValueError) as err:
         rms_norm.apply(rms_norm.init(None, 4), jnp.ones((2, 5)))
-    assert str(err.value) == "rms_norm: x has shape (2, 5), but its axis -1 must be 4 to match params['scale'] of shape (4,)"
+    assert (
+        str(err.value)
+        == "rms_norm: x has shape (2, 5), but its axis -1 must be 4 to match params['scale'] of shape (4,)"
+    )
 
 
 def test_missing_and_extra_param_keys():

@@ -17,7 +17,9 @@ def mesh_results(tmp_path_factory) -> dict:
     """What parallel_child.py measured on 8 simulated CPU devices (see its functions for each entry)."""
     out = tmp_path_factory.mktemp("parallel") / "results.json"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(HERE.parents[2])}
-    done = subprocess.run([sys.executable, str(HERE / "parallel_child.py"), str(out)], env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, str(HERE / "parallel_child.py"), str(out)], env=env, capture_output=True, text=True
+    )
     if done.returncode:
         raise AssertionError(f"parallel_child.py exited with {done.returncode}:\n{done.stderr[-6000:]}")
     return json.loads(out.read_text())

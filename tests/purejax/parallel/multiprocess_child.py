@@ -35,8 +35,8 @@ import optax  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from purejax.models import mlp  # noqa: E402
 from purejax import checkpoint, tree  # noqa: E402
+from purejax.models import mlp  # noqa: E402
 from purejax.parallel import make_mesh  # noqa: E402
 
 CONFIG = mlp.MLPConfig(d_in=16, hidden=(32,), n_classes=4)

@@ -8,16 +8,15 @@ restored onto another) for 4 more. Both checkpoints must equal the single-device
 The unit tests below check `train.parallel.Devices` without a mesh, and the batch rows each process reads.
 """
 
-
 import jax
 import numpy as np
 import pytest
 
 from purejax.parallel import launch
-from tests.purejax.train.test_gpt import ROOT, TINY, corpus, final_state, finish, run_gpt  # noqa: F401 - corpus: a fixture
 from purejax.train import data as data_lib
 from purejax.train.gpt import TrainConfig
 from purejax.train.parallel import Devices
+from tests.purejax.train.test_gpt import ROOT, TINY, corpus, final_state, finish, run_gpt  # noqa: F401 - corpus: a fixture
 
 COMMON = [*TINY, "--lr_decay_iters=12", "--warmup_iters=2", "--eval_interval=4", "--eval_iters=1",
           "--log_interval=4", "--batch_size=8", "--n_head=4"]  # no dropout: sharded masks differ by design  # fmt: skip
@@ -27,14 +26,19 @@ def assert_same_state(got, want, what: str) -> None:
     """Params and AdamW moments equal to float32 rounding (the sharded sums add in another order)."""
     assert int(got.step) == int(want.step), what
     for name in ("params", "opt_state"):
-        flat_got, flat_want = jax.tree_util.tree_leaves_with_path(getattr(got, name)), jax.tree.leaves(getattr(want, name))
+        flat_got, flat_want = (
+            jax.tree_util.tree_leaves_with_path(getattr(got, name)),
+            jax.tree.leaves(getattr(want, name)),
+        )
         assert len(flat_got) == len(flat_want), what
         for (path, g), w in zip(flat_got, flat_want):
-            np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-6, err_msg=f"{what}: {name}{jax.tree_util.keystr(path)}")
+            np.testing.assert_allclose(
+                g, w, rtol=2e-4, atol=2e-6, err_msg=f"{what}: {name}{jax.tree_util.keystr(path)}"
+            )
 
 
 @pytest.fixture(scope="module")
-def even_corpus(corpus, tmp_path_factory):
+def even_corpus(corpus, tmp_path_factory):  # noqa: F811 - corpus: the imported fixture
     """The corpus with an even number of distinct characters. A run with tp=2 pads an odd vocabulary to a
     multiple of 2, which is another model (not comparable with one device's), and how many characters the
     pydoc topics hold depends on the Python version (an odd 95 on 3.12): one unused character evens it."""
@@ -56,15 +60,26 @@ def test_mesh_and_multi_process_runs_equal_the_single_device_run(tmp_path, even_
     assert_same_state(final_state(tmp_path / "mesh", 8), final_state(tmp_path / "single", 8), "2 x 2 mesh at iter 8")
 
     # Two processes of 2 devices each, fully sharded over dp=4, resume the mesh run's checkpoint: 8..12.
-    args = ["-m", "purejax.train.gpt", *COMMON, data, "--out_dir=mesh", "--max_iters=12", "--init_from=resume", "--dp=4",
-            "--fsdp=true"]  # fmt: skip
+    args = [
+        "-m",
+        "purejax.train.gpt",
+        *COMMON,
+        data,
+        "--out_dir=mesh",
+        "--max_iters=12",
+        "--init_from=resume",
+        "--dp=4",
+        "--fsdp=true",
+    ]
     results = launch.launch(args, 2, timeout=300, devices_per_process=2, cwd=tmp_path,
                             env={"PUREJAX_HEARTBEAT_TIMEOUT": "20", "PYTHONPATH": str(ROOT)})  # fmt: skip
     outputs = "\n".join(f"--- process {r.process_id}: {r.returncode}\n{r.output}" for r in results)
     assert [r.returncode for r in results] == [0, 0], outputs
     assert "4 x 1 mesh (fsdp) of 4 cpu devices in 2 process(es)" in results[0].output, outputs
     assert "iter 12" in results[0].output and "iter 12" not in results[1].output, "only process 0 logs"
-    assert_same_state(final_state(tmp_path / "mesh", 12), final_state(tmp_path / "single", 12), "2 processes at iter 12")
+    assert_same_state(
+        final_state(tmp_path / "mesh", 12), final_state(tmp_path / "single", 12), "2 processes at iter 12"
+    )
 
 
 def test_devices_on_one_device_is_the_plain_program():
