@@ -123,6 +123,25 @@ def load(path: str | os.PathLike, *, mmap: bool = True) -> dict[str, np.ndarray]
     return out
 
 
+def load_pretrained(directory: str | os.PathLike, weights_file: str, *, pickle_file: str, how_to_convert: str) -> dict:
+    """Every tensor of a model saved in Hugging Face's directory layout (transformers, diffusers): the single
+    `weights_file`, or the shards that `weights_file + ".index.json"` maps. Neither there: a FileNotFoundError
+    naming what the directory holds and, if it holds torch's pickle `pickle_file`, how to convert it."""
+    directory = Path(directory)
+    single, index = directory / weights_file, directory / f"{weights_file}.index.json"
+    if single.is_file():
+        return load(single)
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return {name: a for shard in shards for name, a in load(directory / shard).items()}
+    found = sorted(p.name for p in directory.iterdir())
+    hint = f" {pickle_file} is torch's pickle format, which needs torch and can run code on load;"
+    raise FileNotFoundError(
+        f"no {single.name} (or {index.name}) in {directory}; found {found}."
+        f"{hint if pickle_file in found else ''} convert it with {how_to_convert}"
+    )
+
+
 def save(path: str | os.PathLike, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> None:
     """Write `tensors` ({name: array-like}, any of the dtypes in DTYPES) and string `metadata` to `path`.
 

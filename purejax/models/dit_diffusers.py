@@ -122,7 +122,7 @@ CONDITIONING: tuple[tuple[str, str, Transform], ...] = (
     (EMB + "class_embedder.embedding_table.weight", "classes.w", SAME),  # n_classes + 1 rows: the last is null
 )
 POSITIONS = "pos_embed.pos_embed"  # the fixed sin-cos table, (1, seq, d_model), in files that saved the buffer
-WEIGHTS_FILE, INDEX_FILE = "diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.safetensors.index.json"
+WEIGHTS_FILE = "diffusion_pytorch_model.safetensors"  # or shards listed in WEIGHTS_FILE + ".index.json"
 
 
 # ---------------------------------------------------------------- tensors
@@ -237,7 +237,11 @@ def load(
         raise FileNotFoundError(f"{config_file} not found: a diffusers model directory has a config.json")
     hf = json.loads(config_file.read_text())
     config = config_from_diffusers(hf, str(config_file), time_scale=time_scale, layers=layers)
-    return from_diffusers(_read_tensors(directory), config, dtype=dtype, source=str(directory)), config
+    convert = "diffusers (model.save_pretrained(dir, safe_serialization=True))"
+    tensors = safetensors.load_pretrained(
+        directory, WEIGHTS_FILE, pickle_file="diffusion_pytorch_model.bin", how_to_convert=convert
+    )
+    return from_diffusers(tensors, config, dtype=dtype, source=str(directory)), config
 
 
 def save(params: dit.Params, config: dit.DiTConfig, directory: str | os.PathLike) -> None:
@@ -248,19 +252,3 @@ def save(params: dit.Params, config: dit.DiTConfig, directory: str | os.PathLike
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(config_to_diffusers(config), indent=2) + "\n")
     safetensors.save(directory / WEIGHTS_FILE, tensors, metadata={"format": "pt"})
-
-
-def _read_tensors(directory: Path) -> dict[str, np.ndarray]:
-    single, index = directory / WEIGHTS_FILE, directory / INDEX_FILE
-    if single.is_file():
-        return safetensors.load(single)
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return {name: a for shard in shards for name, a in safetensors.load(directory / shard).items()}
-    found = sorted(p.name for p in directory.iterdir())
-    hint = " diffusion_pytorch_model.bin is torch's pickle format, which needs torch and can run code on load;"
-    raise FileNotFoundError(
-        f"no {WEIGHTS_FILE} (or {INDEX_FILE}) in {directory}; found {found}."
-        f"{hint if 'diffusion_pytorch_model.bin' in found else ''} convert it with diffusers "
-        f"(model.save_pretrained(dir, safe_serialization=True))"
-    )

@@ -214,7 +214,11 @@ def load(directory: str | os.PathLike, *, dtype: Any = jnp.float32) -> tuple[gpt
     if not config_file.is_file():
         raise FileNotFoundError(f"{config_file} not found: a Hugging Face model directory has a config.json")
     config = config_from_hf(json.loads(config_file.read_text()), source=str(config_file))
-    return from_hf(_read_tensors(directory), config, dtype=dtype, source=str(directory)), config
+    convert = "transformers (model.save_pretrained(dir, safe_serialization=True))"
+    tensors = safetensors.load_pretrained(
+        directory, "model.safetensors", pickle_file="pytorch_model.bin", how_to_convert=convert
+    )
+    return from_hf(tensors, config, dtype=dtype, source=str(directory)), config
 
 
 def save(params: gpt.Params, config: gpt.GPTConfig, directory: str | os.PathLike, *, prefix: str = PREFIX) -> None:
@@ -225,23 +229,6 @@ def save(params: gpt.Params, config: gpt.GPTConfig, directory: str | os.PathLike
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(config_to_hf(config), indent=2) + "\n")
     safetensors.save(directory / "model.safetensors", tensors, metadata={"format": "pt"})
-
-
-def _read_tensors(directory: Path) -> dict[str, np.ndarray]:
-    single, index = directory / "model.safetensors", directory / "model.safetensors.index.json"
-    if single.is_file():
-        return safetensors.load(single)
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return {name: a for shard in shards for name, a in safetensors.load(directory / shard).items()}
-    found = sorted(p.name for p in directory.iterdir())
-    hint = ""
-    if "pytorch_model.bin" in found:
-        hint = " pytorch_model.bin is torch's pickle format, which needs torch and can run code on load;"
-    raise FileNotFoundError(
-        f"no model.safetensors (or model.safetensors.index.json) in {directory}; found {found}.{hint} "
-        f"convert it with transformers (model.save_pretrained(dir, safe_serialization=True))"
-    )
 
 
 def _check_exportable(config: gpt.GPTConfig) -> None:
