@@ -62,7 +62,7 @@ def main(argv=None):
     key = jax.random.key(1)
 
     def cached():
-        out = gpt_decode.generate(params, prompt, config, key, max_new_tokens=new, temperature=0.0)
+        out = gpt_decode.generate(params, prompt, config, key=key, max_new_tokens=new, temperature=0.0)
         return jax.block_until_ready(out)
 
     def recompute():

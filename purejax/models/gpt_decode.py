@@ -4,7 +4,7 @@ nanoGPT's `generate` built on them.
     cache = init_cache(config, batch)                              # every layer's keys and values, empty
     logits, cache = decode_step(params, cache, prompt, config)     # the prompt in one pass
     logits, cache = decode_step(params, cache, next_ids, config)   # then one token at a time
-    tokens = generate(params, prompt, config, key, max_new_tokens=50, top_k=200)
+    tokens = generate(params, prompt, config, key=key, max_new_tokens=50, top_k=200)
 
 Decoding one token at a time should not recompute the whole context. The cache holds every layer's keys and
 values for `block_size` positions, stacked like the blocks, and the number of positions written; a decoding
@@ -74,8 +74,8 @@ def generate(
     params: Params,
     prompt: Integer[ArrayLike, "batch prompt"],
     config: GPTConfig,
-    key: PRNGKeyArray,
     *,
+    key: PRNGKeyArray,
     max_new_tokens: int,
     temperature: float | Float[ArrayLike, ""] = 1.0,
     top_k: int | None = None,

@@ -99,8 +99,9 @@ def main(argv: list[str] | None = None) -> list[str]:
     prompt = jnp.asarray(np.tile(np.asarray(ids, np.int32), (cfg.num_samples, 1)))
     try:
         start = time.perf_counter()
-        out = gpt_decode.generate(params, prompt, config, jax.random.key(cfg.seed), max_new_tokens=cfg.max_new_tokens,
-                                  temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)  # fmt: skip
+        settings = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
+        key = jax.random.key(cfg.seed)
+        out = gpt_decode.generate(params, prompt, config, key=key, max_new_tokens=cfg.max_new_tokens, **settings)
         out = np.asarray(out)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None

@@ -80,7 +80,7 @@ def test_generate_equals_nanogpts_loop_past_block_size(prompt_len, max_new, temp
     and every later step recomputes the last 8 tokens. (11, 4): the prompt itself is cropped to its last 8."""
     params, prompt, key = make_params(), tokens((B, prompt_len), seed=4), jax.random.key(5)
     out = gpt_decode.generate(
-        params, prompt, CONFIG, key, max_new_tokens=max_new, temperature=temperature, top_k=5, top_p=0.9
+        params, prompt, CONFIG, key=key, max_new_tokens=max_new, temperature=temperature, top_k=5, top_p=0.9
     )
     chex.assert_shape(out, (B, prompt_len + max_new))
     assert out.dtype == jnp.int32
@@ -103,7 +103,9 @@ def test_generate_compiles_once():
     try:
         calls = [(params, keys[0], 0.8, 0.9), (params2, keys[1], 1.3, 0.5), (params, keys[2], 0.0, 0.7)]
         for p, key, temperature, top_p in calls:
-            gpt_decode.generate(p, prompt, CONFIG, key, max_new_tokens=5, temperature=temperature, top_k=5, top_p=top_p)
+            gpt_decode.generate(
+                p, prompt, CONFIG, key=key, max_new_tokens=5, temperature=temperature, top_k=5, top_p=top_p
+            )
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     assert len(compiles) <= 1
@@ -117,7 +119,7 @@ def test_generate_compiles_once():
 
 def test_zero_new_tokens_returns_the_prompt():
     prompt = tokens((B, 3)).astype(jnp.uint16)
-    out = gpt_decode.generate(make_params(), prompt, CONFIG, jax.random.key(0), max_new_tokens=0)
+    out = gpt_decode.generate(make_params(), prompt, CONFIG, key=jax.random.key(0), max_new_tokens=0)
     assert out.dtype == jnp.int32
     np.testing.assert_array_equal(out, prompt)
 
@@ -133,9 +135,11 @@ def test_zero_new_tokens_returns_the_prompt():
 )
 def test_generate_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        gpt_decode.generate(make_params(), tokens((B, 3)), CONFIG, jax.random.key(0), **kwargs)
+        gpt_decode.generate(make_params(), tokens((B, 3)), CONFIG, key=jax.random.key(0), **kwargs)
 
 
 def test_generate_rejects_an_empty_prompt():
     with pytest.raises(ValueError, match="the prompt is empty"):
-        gpt_decode.generate(make_params(), jnp.zeros((B, 0), jnp.int32), CONFIG, jax.random.key(0), max_new_tokens=2)
+        gpt_decode.generate(
+            make_params(), jnp.zeros((B, 0), jnp.int32), CONFIG, key=jax.random.key(0), max_new_tokens=2
+        )
