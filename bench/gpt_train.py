@@ -25,7 +25,7 @@ Contenders (`--peers`, default all but raw-scan):
 
 For each config and contender: the median step time (interleaved samples, bench/timing.py), tokens/s, the
 time relative to purejax's, and MFU as a fraction of this machine's measured float32 matmul rate
-(`train.run.measure_matmul_flops`, nanoGPT's FLOPs-per-token estimate). "first s" is the first call:
+(`purejax.train.run.measure_matmul_flops`, nanoGPT's FLOPs-per-token estimate). "first s" is the first call:
 tracing and compilation included. A markdown table is printed at the end.
 """
 

@@ -95,6 +95,7 @@ def generate(
     (params shapes, prompt shape, config, max_new_tokens, top_k, and whether top_p is None), whatever the
     temperature, top_p, key or number of tokens.
     """
+    prompt = jnp.asarray(prompt)
     sampling.check_args(temperature=temperature, top_k=top_k, top_p=top_p)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")

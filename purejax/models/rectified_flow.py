@@ -1,6 +1,6 @@
 """Rectified flow (Liu et al. 2022, arXiv:2209.03003), as Stable Diffusion 3 trains it (Esser et al. 2024,
 arXiv:2403.03206): the training loss, the time distributions, and an Euler sampler with classifier-free
-guidance. Works with any velocity model `velocity(params, z, t, y) -> v`, e.g. `models.dit.velocity`.
+guidance. Works with any velocity model `velocity(params, z, t, y) -> v`, e.g. `purejax.models.dit.velocity`.
 
 The convention here: t = 0 is data and t = 1 is noise,
 
@@ -132,7 +132,7 @@ def loss(
     """The rectified-flow loss of a batch of data `x` with labels `y`, and `{"t_mean": mean t}`.
 
     `predict(params, z, t, y, *, key)` returns the velocity, or `(velocity, kept)` for a model that sees only
-    part of its input (`models.dit.apply_masked`); `key` is its own (masking, dropout). The key is split by
+    part of its input (`purejax.models.dit.apply_masked`); `key` is its own (masking, dropout). The key is split by
     name into "time", "noise", "labels" and "model", so that no two draws share one."""
     keys = prandom.named_keys(key, "time", "noise", "labels", "model")
     t = sample_time(keys["time"], x.shape[0], config)
@@ -143,7 +143,7 @@ def loss(
     if v.shape != x.shape:
         raise ValueError(f"rectified_flow.loss: predict returned shape {v.shape}, expected x's {x.shape}; a "
                          f"model with learned sigma must return only the velocity channels "
-                         f"(models.dit.velocity)")  # fmt: skip
+                         f"(purejax.models.dit.velocity)")  # fmt: skip
     return jnp.mean(per_sample_loss(v, x, eps, kept)), {"t_mean": jnp.mean(t)}
 
 

@@ -66,16 +66,22 @@ def settings(cfg: Any, given: Iterable[str], saved: dict[str, Any], fixed: Itera
 def restore(
     manager: checkpoint.CheckpointManager, new_state: Callable[[], PyTree], place: Callable | None = None
 ) -> checkpoint.Restored:
-    """The newest readable checkpoint, restored into the shapes and dtypes of `new_state()`, which is only
-    traced (`jax.eval_shape`): nothing is initialised. `place(template)` may add shardings to the template
-    (`jax.ShapeDtypeStruct(..., sharding=...)`), so each device reads only its slice."""
+    """The newest checkpoint (the one `saved_config` read the settings from), restored into the shapes and
+    dtypes of `new_state()`, which is only traced (`jax.eval_shape`): nothing is initialised. `place(template)`
+    may add shardings to the template (`jax.ShapeDtypeStruct(..., sharding=...)`), so each device reads only
+    its slice. A damaged newest checkpoint is an error, not a silent fall-back to an older one whose settings
+    would differ from those already read."""
     template = jax.eval_shape(new_state)
     if place is not None:
         template = place(template)
+    step = manager.latest_step()
     try:
-        restored = manager.restore(like=template)
-    except (checkpoint.CheckpointError, tree_lib.TreeMismatchError) as e:
+        restored = None if step is None else manager.restore(like=template, step=step)
+    except tree_lib.TreeMismatchError as e:
         raise SystemExit(f"error: cannot resume from {manager.directory}: {e}") from None
+    except checkpoint.CheckpointError as e:
+        hint = f"to continue from an older checkpoint, move {manager.path(step).name} out of the directory"
+        raise SystemExit(f"error: cannot resume from {manager.directory}: {e}\n({hint})") from None
     if restored is None:
         raise SystemExit(f"error: --init_from=resume, but {str(manager.directory)!r} has no checkpoint")
     return restored

@@ -65,3 +65,22 @@ def test_array_fingerprint_changes_with_any_byte():
     b[2, 3] = np.nextafter(b[2, 3], 100)
     assert resume.array_fingerprint(x=a) == resume.array_fingerprint(x=a.copy())
     assert resume.array_fingerprint(x=a) != resume.array_fingerprint(x=b)
+
+
+def test_a_damaged_newest_checkpoint_is_not_silently_replaced_by_an_older_one(tmp_path):
+    """The settings come from the newest checkpoint's header; the state must come from the same file. A newest
+    file whose header reads but whose arrays fail their checksum is an error that says how to continue from the
+    older one, never the older state under the newer settings."""
+    manager = checkpoint.CheckpointManager(tmp_path)
+    for step in (1, 2):
+        manager.save(step, {"w": jnp.full(64, float(step))}, config={"program": "p", "train": {}})
+    newest = manager.path(2)
+    data = bytearray(newest.read_bytes())
+    data[-20] ^= 0xFF  # inside the array bytes, past the header
+    newest.write_bytes(bytes(data))
+    assert resume.saved_config(manager, "p")["program"] == "p"  # the header still reads
+    with pytest.raises(SystemExit) as e:
+        resume.restore(manager, lambda: {"w": jnp.zeros(64)})
+    assert str(e.value).startswith(f"error: cannot resume from {tmp_path}") and "move ckpt_00000002.msgpack" in str(
+        e.value
+    )
