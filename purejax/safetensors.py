@@ -142,6 +142,38 @@ def load_pretrained(directory: str | os.PathLike, weights_file: str, *, pickle_f
     )
 
 
+def save_pretrained(
+    directory: str | os.PathLike, weights_file: str, tensors: Mapping[str, Any], *, max_shard_bytes: int | None = None
+) -> None:
+    """Write `tensors` in Hugging Face's directory layout, the inverse of `load_pretrained`: one `weights_file`,
+    or, when they exceed `max_shard_bytes`, shards `model-00001-of-0000N.safetensors` (for weights_file
+    "model.safetensors") filled in the given order, plus `weights_file + ".index.json"` mapping every name to
+    its shard, as transformers' `save_pretrained(max_shard_size=...)` writes them. Files of an earlier save
+    in the other form are removed, since `load_pretrained` prefers the single file to an index."""
+    directory, stem = Path(directory), weights_file.removesuffix(".safetensors")
+    shards: list[dict[str, Any]] = [{}]
+    filled = 0  # bytes in the last shard
+    for name, value in tensors.items():
+        size = np.asarray(value).nbytes
+        if max_shard_bytes is not None and shards[-1] and filled + size > max_shard_bytes:
+            shards.append({})
+            filled = 0
+        shards[-1][name], filled = value, filled + size
+    directory.mkdir(parents=True, exist_ok=True)
+    stale = [directory / weights_file, directory / f"{weights_file}.index.json", *directory.glob(f"{stem}-*-of-*")]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    if len(shards) == 1:
+        save(directory / weights_file, shards[0], metadata={"format": "pt"})
+        return
+    names = [f"{stem}-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    for name, shard in zip(names, shards):
+        save(directory / name, shard, metadata={"format": "pt"})
+    total = sum(np.asarray(value).nbytes for value in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": {t: n for n, s in zip(names, shards) for t in s}}
+    (directory / f"{weights_file}.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
 def save(path: str | os.PathLike, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> None:
     """Write `tensors` ({name: array-like}, any of the dtypes in DTYPES) and string `metadata` to `path`.
 

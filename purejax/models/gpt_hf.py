@@ -5,8 +5,9 @@
 
 The mapping between the two layouts is the table `WEIGHTS` below, one row per tensor: the Hugging Face
 name, with `{i}` standing for a layer index, our dotted param path, and the transform between the two
-(None: the same array). Rows with `{i}` gather the n_layer per-layer tensors into one array stacked on the
-leading axis of params["blocks"] (and split it on export). Hugging Face's GPT-2 uses Conv1D, which stores
+(None: the same array); purejax/models/hf_table.py reads it both ways, as it does llama_hf's. Rows with
+`{i}` gather the n_layer per-layer tensors into one array stacked on the leading axis of params["blocks"]
+(and split it on export). Hugging Face's GPT-2 uses Conv1D, which stores
 weights as (in, out) like purejax.nn.linear, so only one transform exists: `QKV`, a column permutation,
 because c_attn's columns are [all q | all k | all v] and purejax.nn.attention's qkv groups them per head,
 [q_0 k_0 v_0 | q_1 k_1 v_1 | ...], so that tensor parallelism can split them (see that module).
@@ -32,7 +33,7 @@ import numpy as np
 
 from purejax import safetensors
 from purejax import tree as tree_lib
-from purejax.models import gpt
+from purejax.models import gpt, hf_table
 from purejax.nn import attention
 
 
@@ -40,7 +41,7 @@ class Transform(NamedTuple):
     """A pair of inverse functions `(array, config) -> array` between a Hugging Face tensor and ours."""
 
     from_hf: Callable[[np.ndarray, gpt.GPTConfig], np.ndarray]
-    to_hf: Callable[[np.ndarray, gpt.GPTConfig], np.ndarray]
+    to_hf: Callable[[Any, gpt.GPTConfig], Any]  # array methods only: `expected_shapes` traces it
 
 
 def qkv_from_hf(x: np.ndarray, config: gpt.GPTConfig) -> np.ndarray:
@@ -48,8 +49,8 @@ def qkv_from_hf(x: np.ndarray, config: gpt.GPTConfig) -> np.ndarray:
     return x[..., attention.qkv_permutation(config.attention)]
 
 
-def qkv_to_hf(x: np.ndarray, config: gpt.GPTConfig) -> np.ndarray:
-    """The inverse of `qkv_from_hf`."""
+def qkv_to_hf(x: Any, config: gpt.GPTConfig) -> Any:
+    """The inverse of `qkv_from_hf`, on numpy arrays or (in `expected_shapes`) traced ones."""
     return x[..., np.argsort(attention.qkv_permutation(config.attention))]
 
 
@@ -74,6 +75,12 @@ WEIGHTS: tuple[tuple[str, str, Transform | None], ...] = (
     ("ln_f.weight", "ln_f.scale", None),
     ("ln_f.bias", "ln_f.bias", None),
 )
+# The same rows in the form purejax/models/hf_table.py reads both ways (a list of tensors per row).
+_ROWS = tuple(
+    ((name,), path, hf_table.SAME if t is None else hf_table.Transform(
+        lambda parts, config, t=t: t.from_hf(parts[0], config), lambda x, config, t=t: [t.to_hf(x, config)]))
+    for name, path, t in WEIGHTS
+)  # fmt: skip
 IGNORED: tuple[str, ...] = ("h.{i}.attn.bias", "h.{i}.attn.masked_bias")  # causal-mask buffers, not weights
 TIED_HEAD = "lm_head.weight"
 PREFIX = "transformer."
@@ -141,15 +148,8 @@ def config_to_hf(config: gpt.GPTConfig) -> dict[str, Any]:
 
 def expected_shapes(config: gpt.GPTConfig) -> dict[str, jax.ShapeDtypeStruct]:
     """Every tensor a GPT-2 file for `config` must hold, by Hugging Face name (no prefix), with its shape."""
-    ours = tree_lib.flatten(jax.eval_shape(partial(gpt.init, config=config), jax.random.key(0)))
-    out = {}
-    for hf_name, path, _ in WEIGHTS:
-        if "{i}" in hf_name:
-            per_layer = jax.ShapeDtypeStruct(ours[path].shape[1:], ours[path].dtype)
-            out.update({hf_name.format(i=i): per_layer for i in range(config.n_layer)})
-        else:
-            out[hf_name] = ours[path]
-    return out
+    shapes = jax.eval_shape(partial(gpt.init, config=config), jax.random.key(0))
+    return hf_table.expected_shapes(_ROWS, shapes, config, config.n_layer)
 
 
 def from_hf(
@@ -172,18 +172,7 @@ def from_hf(
             f"{TIED_HEAD} differs from wte.weight: this model ties its output head to the token embedding, "
             f"so it cannot hold a separately trained head"
         )
-
-    def convert(x):
-        return jnp.asarray(x, dtype)
-
-    flat = {}
-    for hf_name, path, transform in WEIGHTS:
-        if "{i}" in hf_name:
-            array = np.stack([np.asarray(tensors[hf_name.format(i=i)]) for i in range(config.n_layer)])
-        else:
-            array = np.asarray(tensors[hf_name])
-        flat[path] = convert(array if transform is None else transform.from_hf(array, config))
-    return tree_lib.unflatten(flat)
+    return hf_table.from_tensors(_ROWS, tensors, config, config.n_layer, partial(jnp.asarray, dtype=dtype))
 
 
 def to_hf(params: gpt.Params, config: gpt.GPTConfig, *, prefix: str = PREFIX) -> dict[str, np.ndarray]:
@@ -191,16 +180,8 @@ def to_hf(params: gpt.Params, config: gpt.GPTConfig, *, prefix: str = PREFIX) ->
     _check_exportable(config)
     expected = jax.eval_shape(partial(gpt.init, config=config), jax.random.key(0))
     tree_lib.assert_like(params, expected, "params", check_dtype=False)
-    flat = tree_lib.flatten(params)
-    out = {}
-    for hf_name, path, transform in WEIGHTS:
-        array = np.asarray(flat[path])
-        array = array if transform is None else transform.to_hf(array, config)
-        if "{i}" in hf_name:
-            out.update({prefix + hf_name.format(i=i): array[i] for i in range(config.n_layer)})
-        else:
-            out[prefix + hf_name] = array
-    return out
+    flat = {path: np.asarray(x) for path, x in tree_lib.flatten(params).items()}
+    return {prefix + name: x for name, x in hf_table.to_tensors(_ROWS, flat, config, config.n_layer).items()}
 
 
 # ---------------------------------------------------------------- directories
