@@ -11,12 +11,14 @@ from purejax.nn import (
     conv,
     dropout,
     embedding,
+    gated_mlp,
     initializers,
     layer_norm,
     linear,
     mlp,
     pooling,
     rms_norm,
+    rotary,
     stack,
 )
 from purejax.nn._check import check_dim, check_keys, check_shape  # the checks every layer makes, for models to reuse

@@ -18,20 +18,22 @@ import pytest
 
 import purejax.models
 import purejax.nn
+from purejax.models import llama, llama_decode, mobilenet, mobilenet_config, mobilenet_torch
 from purejax.models import mlp as mlp_model
-from purejax.models import mobilenet, mobilenet_config, mobilenet_torch
 from purejax.nn import (
     activations,
     batch_norm,
     conv,
     dropout,
     embedding,
+    gated_mlp,
     initializers,
     layer_norm,
     linear,
     mlp,
     pooling,
     rms_norm,
+    rotary,
     stack,
 )
 
@@ -45,7 +47,8 @@ def _modules(package):
 
 EVERY = _modules(purejax.nn) + _modules(purejax.models)
 LAYERS = [activations, batch_norm, conv, dropout, embedding, initializers, layer_norm, linear, mlp, pooling, rms_norm,
-          stack, mlp_model, mobilenet, mobilenet_config, mobilenet_torch]  # fmt: skip
+          stack, mlp_model, mobilenet, mobilenet_config, mobilenet_torch, gated_mlp, rotary, llama,
+          llama_decode]  # fmt: skip
 
 # Synonyms that must not appear as a parameter or config field: the concept's one name is on the right.
 SYNONYMS = {
@@ -122,7 +125,7 @@ def test_parameters_use_one_name_per_concept(module):
 
 
 # Sizes with a default, which stay positional (a size, not an option): mlp's d_out defaults to d_in.
-POSITIONAL_SIZES = {"purejax.nn.mlp.init": {"d_out"}}
+POSITIONAL_SIZES = {"purejax.nn.mlp.init": {"d_out"}, "purejax.nn.gated_mlp.init": {"d_out"}}
 
 
 @pytest.mark.parametrize("module", LAYERS, ids=lambda m: m.__name__)
@@ -168,6 +171,8 @@ def _array_like_calls():
     calls = [
         ("linear", lambda a: linear.apply(dense, a), x),
         ("mlp", lambda a: mlp.apply(mlp.init(key, 3, 8), a), x),
+        ("gated_mlp", lambda a: gated_mlp.apply(gated_mlp.init(key, 3, 8), a), x),
+        ("rotary positions", lambda a: rotary.apply(jnp.ones((1, 2, 1, 4)), a), np.array([3, 4], np.int32)),
         ("layer_norm", lambda a: layer_norm.apply(layer_norm.init(None, 3), a), x),
         ("rms_norm", lambda a: rms_norm.apply(rms_norm.init(None, 3), a), x),
         (
