@@ -16,9 +16,9 @@ their own (adaLN's shift and scale take their place), and the regression is init
 and every block starts as the identity; the final layer's modulation and projection are zero too, so the
 untrained model outputs zeros (DiT sec. 3.2, "adaLN-Zero").
 
-params: {"patch": linear (patch*patch*in_channels, d_model), "t_mlp": mlp (freq_dim -> d_model -> d_model),
-         "classes": embedding (n_classes + 1, d_model), ["mixer": blocks,] "blocks": {"adaln", "attn", "mlp"
-         (or "moe"), every leaf stacked on a leading layer axis}, "final": {"adaln", "proj"}}.
+params = {"patch": linear (patch*patch*in_channels, d_model), "t_mlp": mlp (freq_dim -> d_model -> d_model),
+          "classes": embedding (n_classes + 1, d_model), ["mixer": blocks,] "blocks": {"adaln", "attn", "mlp"
+          (or "moe"), every leaf stacked on a leading layer axis}, "final": {"adaln", "proj"}}.
 Blocks run under `lax.scan` (`purejax.nn.stack`) or, with `layers="loop"`, as a Python loop.
 
 MicroDiT ("Stretching Each Dollar"): the patch-mixer sees every token, so information from patches that are
@@ -42,6 +42,7 @@ from purejax.models import dit_moe
 from purejax.models.dit_config import NORM_EPS, DiTConfig, preset  # noqa: F401 - re-exported: dit.preset
 from purejax.models.dit_embeddings import patchify, sincos_2d, timestep_embedding, unpatchify
 from purejax.nn import activations, attention, check_keys, embedding, initializers, layer_norm, linear, mlp, stack
+from purejax.nn import remat as remat_lib
 
 Params = dict[str, Any]
 
@@ -96,8 +97,8 @@ def block(
 def run_blocks(
     blocks: Params, x: Float[Array, "batch seq d_model"], c: Float[Array, "batch d_model"], config: DiTConfig
 ) -> Float[Array, "batch seq d_model"]:
-    """The stacked blocks, under scan or as a loop (`config.layers`)."""
-    step = lambda p, x: block(p, x, c, config)  # noqa: E731
+    """The stacked blocks, under scan or as a loop (`config.layers`), rematerialised as `config.remat` says."""
+    step = remat_lib.wrap(lambda p, x: block(p, x, c, config), config.remat, prevent_cse=config.layers == "loop")
     if config.layers == "scan":
         return stack.scan(step, blocks, x)
     return stack.loop(step, stack.unstack(blocks), x)

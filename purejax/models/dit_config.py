@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from purejax.nn import attention
+from purejax.nn import remat as remat_lib
 
 # (n_layer, d_model, n_head) of DiT's table 1, plus two sizes small enough to train on a CPU.
 SIZES = {"S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16),
@@ -42,6 +43,7 @@ class DiTConfig:
         n_experts, top_k: mixture-of-experts MLPs in the backbone blocks (0: dense MLPs); each token goes to
             its top_k experts (`dit_moe`).
         layers: "scan" (compile time flat in depth) or "loop" (unrolled); the same maths.
+        remat: "none", "block" or a policy: what each block keeps for the backward pass (purejax/nn/remat.py).
     """
 
     input_size: int = 32
@@ -62,6 +64,7 @@ class DiTConfig:
     n_experts: int = 0
     top_k: int = 2
     layers: Literal["scan", "loop"] = "scan"
+    remat: str = "none"
 
     def __post_init__(self):
         for name in ("input_size", "patch_size", "in_channels", "d_model", "n_layer", "n_head", "n_classes",
@@ -88,6 +91,7 @@ class DiTConfig:
                 raise ValueError(f"DiTConfig: {name} must be positive, got {getattr(self, name)}")
         if self.layers not in ("scan", "loop"):
             raise ValueError(f"DiTConfig: layers must be 'scan' or 'loop', got {self.layers!r}")
+        remat_lib.check(self.remat)
         self.attention  # noqa: B018 - builds the AttentionConfig, so a bad n_head fails here
 
     @property

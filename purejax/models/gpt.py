@@ -5,9 +5,9 @@
       -> n_layer blocks: x + attn(ln_1(x)), then x + mlp(ln_2(x))   x (batch, seq, n_embd)
       -> ln_f -> x @ wte.T                                           logits (batch, seq, vocab_size)
 
-params: {"wte": embedding (vocab_size, n_embd), "wpe": embedding (block_size, n_embd),
-         "blocks": {"ln_1", "attn": {"qkv", "proj"}, "ln_2", "mlp": {"fc", "proj"}, every leaf stacked on a
-                    leading n_layer axis}, "ln_f"}.
+params = {"wte": embedding (vocab_size, n_embd), "wpe": embedding (block_size, n_embd),
+          "blocks": {"ln_1", "attn": {"qkv", "proj"}, "ln_2", "mlp": {"fc", "proj"}, every leaf stacked on a
+                     leading n_layer axis}, "ln_f"}.
 There is no "lm_head": the output head is the token embedding transposed (weight tying, Press & Wolf 2017).
 The blocks run under `lax.scan` (one traced block whatever the depth) or, with `layers="loop"`, as a Python
 loop; both compute the same maths. Dropout is on when `apply` gets a key.
@@ -31,6 +31,7 @@ from purejax import losses
 from purejax import random as prandom
 from purejax import tree as tree_lib
 from purejax.nn import activations, attention, check_keys, dropout, embedding, initializers, layer_norm, mlp, stack
+from purejax.nn import remat as remat_lib
 
 Params = dict[str, Any]
 
@@ -50,6 +51,7 @@ class GPTConfig:
         gelu: "exact" (erf, torch's nn.GELU default, nanoGPT) or "tanh" (the approximation GPT-2 was trained with).
         layers: "scan" (compile time flat in depth) or "loop" (unrolled, which XLA may fuse across layers);
             the same maths, equal to float32 rounding (XLA fuses the two programs differently).
+        remat: "none", "block" or a policy: what each block keeps for the backward pass (purejax/nn/remat.py).
         attention_impl: passed to `purejax.nn.attention` ("auto", "fused" or "einsum").
     """
 
@@ -63,6 +65,7 @@ class GPTConfig:
     gelu: Literal["exact", "tanh"] = "exact"
     layers: Literal["scan", "loop"] = "scan"
     attention_impl: attention.Impl = "auto"
+    remat: str = "none"
 
     def __post_init__(self):
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -76,7 +79,7 @@ class GPTConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"GPTConfig: dropout must be in [0, 1), got {self.dropout!r}")
-        for name, allowed in (("gelu", ("exact", "tanh")), ("layers", ("scan", "loop"))):
+        for name, allowed in (("gelu", ("exact", "tanh")), ("layers", ("scan", "loop")), ("remat", remat_lib.CHOICES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"GPTConfig: {name} must be one of {allowed}, got {getattr(self, name)!r}")
         self.attention  # noqa: B018 - builds the AttentionConfig, so its errors (impl, dropout) surface here
@@ -165,6 +168,7 @@ def hidden(
         return block(p, x, config, key=key, axis_name=axis_name)
 
     layer = layer if wrap_block is None else wrap_block(layer)
+    layer = remat_lib.wrap(layer, config.remat, prevent_cse=config.layers == "loop")  # inside the scan: no CSE
     if config.layers == "scan":
         run, blocks = stack.scan, params["blocks"]
     else:

@@ -31,7 +31,7 @@ from purejax import checkpoint, losses, optim
 from purejax import tree as tree_lib
 from purejax.models import mobilenet
 from purejax.train import config as config_lib
-from purejax.train import resume, run
+from purejax.train import observe, resume, run
 from purejax.train.config import setting
 from purejax.train.data import images as images_lib
 from purejax.train.loop import Loop
@@ -41,8 +41,8 @@ PROGRAM = "train.classify"
 
 
 @dataclass(frozen=True)
-class ClassifyConfig:
-    """Every setting of a run. Model fields are copied into `mobilenet.MobileNetConfig`."""
+class ClassifyConfig(observe.RunSettings):
+    """Every setting of a run (and the shared `observe.RunSettings`). Model fields go to `mobilenet.MobileNetConfig`."""
 
     out_dir: str = setting("out-classify", "where checkpoints, metrics.jsonl, loss.png and confusion.png go")
     init_from: Literal["scratch", "resume"] = setting("scratch", "'resume' continues out_dir's newest checkpoint")
@@ -201,10 +201,11 @@ def new_state(cfg: ClassifyConfig, model: mobilenet.MobileNetConfig, total_steps
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
-    with run.StopSignal() as stop:  # from the first line: a signal while starting up exits without a traceback
+    with run.StopSignal() as stop, observe.Observer() as observer:  # a signal while starting up: no traceback
         cfg = config_lib.command_line(ClassifyConfig, argv, prog="purejax.train.classify", doc=__doc__,
                                       default_preset="classify_digits")  # fmt: skip
         out_dir = run.prepare_out_dir(cfg.out_dir)
+        observer.start(cfg, out_dir, config=dataclasses.asdict(cfg))  # the compile cache, loggers: before compiling
         manager = checkpoint.CheckpointManager(out_dir, keep_last=cfg.keep_checkpoints)
         saved = resume.saved_config(manager, PROGRAM) if cfg.init_from == "resume" else None
         if saved:  # everything continues as saved; overrides may change how the run is watched and kept
@@ -233,12 +234,12 @@ def main(argv: list[str] | None = None) -> dict:
               f"{steps_per_epoch} steps of {cfg.batch_size} per epoch, {cfg.epochs} epochs")  # fmt: skip
         config = {"program": PROGRAM, "train": dataclasses.asdict(cfg), "model": dataclasses.asdict(model),
                   "data": fingerprint}  # fmt: skip
-        return train(cfg, model, data, state, manager, config, info, stop)
+        return train(cfg, model, data, state, manager, config, info, stop, observer)
 
 
 def train(cfg: ClassifyConfig, model: mobilenet.MobileNetConfig, data: images_lib.ImageSplits,
           state: optim.TrainState, manager: checkpoint.CheckpointManager, config: dict, resumed: Any,
-          stop: run.StopSignal) -> dict:  # fmt: skip
+          stop: run.StopSignal, observer: observe.Observer) -> dict:  # fmt: skip
     """The loop (`purejax.train.loop`) with what is particular to a classifier: epochs of shuffled (and
     shifted) batches, the test accuracy after each, then a checkpoint; at the end the confusion matrix."""
     steps_per_epoch = len(data.train_images) // cfg.batch_size
@@ -279,7 +280,7 @@ def train(cfg: ClassifyConfig, model: mobilenet.MobileNetConfig, data: images_li
 
     loop = Loop(manager.directory, stop, save, start=int(state.step), total=cfg.epochs * steps_per_epoch,
                 log_interval=steps_per_epoch, progress=cfg.progress, max_bad_steps=cfg.max_bad_steps,
-                resumed=resumed is not None)  # fmt: skip
+                resumed=resumed is not None, observer=observer)  # fmt: skip
     state = loop.run(state, step, after_epoch)
     accuracy, test_loss, predicted = evaluate(state)
     counts = confusion_matrix(data.test_labels, predicted, data.num_classes)

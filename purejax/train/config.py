@@ -12,10 +12,9 @@ range-checked against the dataclass. Every program in `purejax.train` is configu
 
     cfg = parse_args(Settings, ["--config=my.toml", "--steps=200"])
 
-Order of precedence: the dataclass defaults, then the preset, then the overrides. An unknown key is an error
-listing the valid keys; a value of the wrong type or outside its range is an error naming the key, the value
-and what was expected. `--help` (`command_line`) and the table in docs/train-gpt.md (`markdown_table`, checked
-by a test) are generated from the dataclass. This replaces nanoGPT's `exec`-based configurator.
+Precedence: the dataclass defaults, then the preset, then the overrides. An unknown key (listing the valid ones),
+a value of the wrong type, out of range or refused by its `check` is a one-line error naming the key. `--help`
+and docs/train-gpt.md's table (a test compares) come from the dataclass; nanoGPT `exec`s Python files instead.
 """
 
 import dataclasses
@@ -26,6 +25,7 @@ import sys
 import tomllib
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -58,17 +58,22 @@ class Range:
         return " and ".join(f"{op} {_number(b)}" for op, b in bounds if b is not None)
 
 
-def setting(default: Any, help: str, **bounds: float) -> Any:
-    """A dataclass field with its line of `help` and, for numbers, its range (`at_least`, `at_most`, `above`,
-    `below`: see `Range`), both read by `check_ranges`, `help_text` and `markdown_table`."""
-    return dataclasses.field(default=default, metadata={"help": help, "range": Range(**bounds)})
+def setting(default: Any, help: str, check: Callable[[Any], Any] | None = None, **bounds: float) -> Any:
+    """A dataclass field with its line of `help`, for numbers its range (`Range`), and a `check(value)` that raises
+    ValueError for a value its type allows but a program cannot use; `check_ranges` applies both."""
+    return dataclasses.field(default=default, metadata={"help": help, "range": Range(**bounds), "check": check})
 
 
 def check_ranges(settings: Any) -> None:
-    """Raise ConfigError for the first field of the dataclass `settings` whose value lies outside its range; a
-    float must also be finite (NaN or infinity is never a setting)."""
+    """Raise ConfigError for the first field of the dataclass `settings` whose value lies outside its range or
+    fails its `check`; a float must also be finite (NaN or infinity is never a setting)."""
     for field in dataclasses.fields(settings):
         value, limits = getattr(settings, field.name), field.metadata.get("range", Range())
+        if (check := field.metadata.get("check")) is not None:
+            try:
+                check(value)
+            except ValueError as e:
+                raise ConfigError(f"{field.name}={value!r}: {e}") from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         if isinstance(value, float) and not math.isfinite(value):
@@ -247,14 +252,13 @@ def explicit_keys(argv: list[str]) -> set[str]:
 
 
 def describe(cls: type, preset: str | None = None) -> list[tuple[str, str, str, str, str]]:
-    """(name, type, range, default, help) of every field of `cls`, the default with `preset` applied."""
+    """(name, type, range, default, help) of each field, `preset` applied: `cls`'s own fields, then inherited."""
     values = load_preset(preset) if preset else {}
     hints = typing.get_type_hints(cls)
-    rows = []
-    for f in dataclasses.fields(cls):
-        limits, text = str(f.metadata.get("range", "")), f.metadata.get("help", "")
-        rows.append((f.name, type_name(hints[f.name]), limits, _shown(values.get(f.name, f.default)), text))
-    return rows
+    inherited = {f.name for base in cls.__bases__ if dataclasses.is_dataclass(base) for f in dataclasses.fields(base)}
+    fields = sorted(dataclasses.fields(cls), key=lambda f: f.name in inherited)  # stable: each group keeps its order
+    return [(f.name, type_name(hints[f.name]), str(f.metadata.get("range", "")), _shown(values.get(f.name, f.default)),
+             f.metadata.get("help", "")) for f in fields]  # fmt: skip
 
 
 def help_text(cls: type, preset: str | None = None, doc: str = "", prog: str = "") -> str:

@@ -37,17 +37,19 @@ from purejax import checkpoint, optim
 from purejax import tree as tree_lib
 from purejax.models import dit
 from purejax.models import rectified_flow as rf
+from purejax.nn import remat as remat_lib
 from purejax.precision import Policy, with_policy
 from purejax.train import config as config_lib
-from purejax.train import resume, run, sample_quality
+from purejax.train import observe, resume, run, sample_quality
 from purejax.train.config import setting
 from purejax.train.data import images as images_lib
 from purejax.train.loop import Loop
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """Every setting of a run. Model fields go to `dit.DiTConfig`, flow fields to `rf.FlowConfig`."""
+class TrainConfig(observe.RunSettings):
+    """Every setting of a run (the compile cache, profiler and loggers are `observe.RunSettings`). Model fields
+    go to `dit.DiTConfig`, flow fields to `rf.FlowConfig`."""
 
     # I/O
     out_dir: str = setting("out-flow", "where checkpoints, metrics.jsonl, loss.png and sample grids go")
@@ -69,6 +71,8 @@ class TrainConfig:
     mask_ratio: float = setting(0.0, "fraction of the patches masked after the mixer (MicroDiT)", at_least=0, below=1)
     n_experts: int = setting(0, "mixture-of-experts MLPs per block (0: dense)", at_least=0)
     layers: Literal["scan", "loop"] = setting("scan", "blocks as one lax.scan or a Python loop (faster on CPU here)")
+    remat: str = setting("none", "recompute activations in the backward pass: 'none', 'block' or a "
+                         "jax.checkpoint_policies name (purejax/nn/remat.py)", check=remat_lib.check)  # fmt: skip
     # rectified flow
     time_sampling: Literal["uniform", "logit_normal"] = setting("logit_normal", "how training times are drawn")
     shift: float = setting(1.0, "the resolution shift of the times (1: none)", above=0)
@@ -115,7 +119,8 @@ class TrainConfig:
             return dit.DiTConfig(input_size=size, in_channels=channels, n_classes=data.num_classes, learn_sigma=False,
                                  time_scale=1000.0, patch_size=self.patch_size, d_model=self.d_model,
                                  n_layer=self.n_layer, n_head=self.n_head, mlp_ratio=self.mlp_ratio,
-                                 n_mixer=self.n_mixer, n_experts=self.n_experts, layers=self.layers)  # fmt: skip
+                                 n_mixer=self.n_mixer, n_experts=self.n_experts, layers=self.layers,
+                                 remat=self.remat)  # fmt: skip
         except ValueError as e:
             raise config_lib.ConfigError(str(e)) from None
 
@@ -213,10 +218,11 @@ def load_data(cfg: TrainConfig, saved: dict | None) -> tuple[images_lib.ImageSpl
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
-    with run.StopSignal() as stop:  # from the first line: a signal while starting up exits without a traceback
+    with run.StopSignal() as stop, observe.Observer() as observer:  # a signal while starting up: no traceback
         cfg = config_lib.command_line(TrainConfig, argv, prog="purejax.train.flow", doc=__doc__,
                                       default_preset="flow_digits")  # fmt: skip
         out_dir = run.prepare_out_dir(cfg.out_dir)
+        observer.start(cfg, out_dir, config=dataclasses.asdict(cfg))  # the compile cache, loggers: before compiling
         manager = checkpoint.CheckpointManager(out_dir, keep_last=cfg.keep_checkpoints)
         saved = resume.saved_config(manager, PROGRAM) if cfg.init_from == "resume" else None
         if saved:
@@ -234,7 +240,8 @@ def main(argv: list[str] | None = None) -> dict:
             return manager.save(it, state, config=config, metadata={"reason": reason})
 
         loop = Loop(out_dir, stop, save, start=int(state.step), total=cfg.max_iters, log_interval=cfg.log_interval,
-                    progress=cfg.progress, max_bad_steps=cfg.max_bad_steps, resumed=info is not None)  # fmt: skip
+                    progress=cfg.progress, max_bad_steps=cfg.max_bad_steps, resumed=info is not None,
+                    observer=observer)  # fmt: skip
         if info:
             loop.say(f"resumed from {manager.path(info.step)} at iter {info.step}")
         masked = f", MicroDiT mask ratio {cfg.mask_ratio} after {model.n_mixer} mixer blocks" if cfg.mask_ratio else ""

@@ -39,7 +39,7 @@ from purejax.parallel import MeshAxes, distributed
 from purejax.precision import Policy, with_policy
 from purejax.train import config as config_lib
 from purejax.train import data as data_lib
-from purejax.train import resume, run
+from purejax.train import observe, resume, run
 from purejax.train.gpt_config import TrainConfig, decays, load_gpt2, make_optimizer, new_state
 from purejax.train.loop import Loop
 from purejax.train.parallel import Devices, start_devices
@@ -124,7 +124,8 @@ def choose_model(cfg: TrainConfig, vocab_size: int, devices: Devices, saved: dic
     tokenizer; checked against the tokenizer and the devices before anything compiles."""
     try:
         if saved is not None:
-            model = gpt.GPTConfig(**{**saved["model"], "dropout": cfg.dropout, "layers": cfg.layers})
+            how = {"dropout": cfg.dropout, "layers": cfg.layers, "remat": cfg.remat}  # how it trains, not what it is
+            model = gpt.GPTConfig(**{**saved["model"], **how})
         else:
             model = imported or cfg.model_config(vocab_size)
         if vocab_size > model.vocab_size:
@@ -174,13 +175,14 @@ def parse(argv: list[str]) -> TrainConfig:
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
-    with run.StopSignal() as stop:  # from the first line: a signal while starting up exits without a traceback
+    with run.StopSignal() as stop, observe.Observer() as observer:  # a signal while starting up: no traceback
         cfg = parse(argv)
         devices = start_devices(cfg)
 
         # ------------------------------------------------ everything that can fail does so before compiling
         out_dir = run.prepare_out_dir(cfg.out_dir)
         manager = checkpoint.CheckpointManager(out_dir, keep_last=cfg.keep_checkpoints)
+        observer.start(cfg, out_dir, config=dataclasses.asdict(cfg), main=distributed.is_main())  # cache, loggers
         saved = imported = None
         if cfg.init_from == "resume":
             cfg, saved = resolve_resume(cfg, argv, manager)
@@ -200,7 +202,7 @@ def main(argv: list[str] | None = None) -> dict:
         step_fn, eval_loss = compile_step(cfg, model, devices, state_specs, param_specs)
         config = {"program": PROGRAM, "train": dataclasses.asdict(cfg), "model": dataclasses.asdict(model),
                   "data": fingerprint}  # fmt: skip
-        return train(cfg, model, dataset, devices, state, (step_fn, eval_loss), manager, config, info, stop)
+        return train(cfg, model, dataset, devices, state, (step_fn, eval_loss), manager, config, info, stop, observer)
 
 
 def compile_step(cfg: TrainConfig, model: gpt.GPTConfig, devices: Devices, state_specs: Any, param_specs: Any):
@@ -233,6 +235,7 @@ def train(
     config: dict,
     resumed: Any,
     stop: run.StopSignal,
+    observer: observe.Observer,
 ) -> dict:
     """The loop (`purejax.train.loop`) with what is particular to a GPT: batches drawn from (seed, step) and
     prefetched, tokens/s and MFU, and an evaluation every eval_interval steps and at the end, each followed
@@ -272,7 +275,7 @@ def train(
     loop = Loop(manager.directory, stop, save, start=start, total=start if cfg.eval_only else cfg.max_iters,
                 log_interval=cfg.log_interval, progress=cfg.progress, max_bad_steps=cfg.max_bad_steps,
                 resumed=resumed is not None, main=distributed.is_main(), rates=rates,
-                agree=devices.stop_requested)  # fmt: skip
+                agree=devices.stop_requested, observer=observer)  # fmt: skip
     loop.say(f"model: {gpt.num_params(state.params) / 1e6:.2f}M non-embedding params, {model}")
     loop.say(f"data: {len(dataset.train):,} train / {len(dataset.val):,} val tokens, vocab {model.vocab_size}; "
              f"{tokens_per_iter:,} tokens per iter; MFU against {peak / 1e9:.0f} GFLOP/s")  # fmt: skip

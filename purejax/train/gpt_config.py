@@ -11,14 +11,17 @@ import jax
 
 from purejax import optim
 from purejax.models import gpt, gpt_surgery
+from purejax.nn import remat as remat_lib
 from purejax.train import config as config_lib
 from purejax.train.config import setting
+from purejax.train.observe import RunSettings
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """Every setting of a run, nanoGPT's names (`python -m purejax.train.gpt --help` lists them). The model
-    fields are copied into `gpt.GPTConfig`, which keeps nanoGPT's `n_embd` so that configs map 1:1."""
+class TrainConfig(RunSettings):
+    """Every setting of a run, nanoGPT's names (`python -m purejax.train.gpt --help` lists them); the compile
+    cache, profiler and loggers are `RunSettings`, shared by every program. The model fields are copied into
+    `gpt.GPTConfig`, which keeps nanoGPT's `n_embd` so that configs map 1:1."""
 
     # I/O
     out_dir: str = setting("out-gpt", "where checkpoints, metrics.jsonl, tokenizer.json and loss.png go")
@@ -43,6 +46,8 @@ class TrainConfig:
     bias: bool = setting(False, "biases in the linear layers and LayerNorms (GPT-2: true)")
     gelu: Literal["exact", "tanh"] = setting("exact", "GELU: exact (erf, nanoGPT) or tanh (GPT-2's approximation)")
     layers: Literal["scan", "loop"] = setting("scan", "blocks as one lax.scan (compiles once) or a Python loop")
+    remat: str = setting("none", "recompute activations in the backward pass: 'none', 'block' or a "
+                         "jax.checkpoint_policies name (purejax/nn/remat.py)", check=remat_lib.check)  # fmt: skip
     # AdamW, weight decay on matmul weights and embeddings only, gradient clipping
     learning_rate: float = setting(1e-3, "the peak learning rate, reached after the warmup", above=0)
     max_iters: int = setting(2000, "optimizer steps in all", at_least=0)
@@ -50,6 +55,17 @@ class TrainConfig:
     beta1: float = setting(0.9, "AdamW's first-moment decay", at_least=0, below=1)
     beta2: float = setting(0.99, "AdamW's second-moment decay", at_least=0, below=1)
     grad_clip: float = setting(1.0, "clip the gradients to this global norm; 0 disables clipping", at_least=0)
+    # the optimizer: AdamW, or Shampoo or Muon (docs/optim.md) with the same rate, betas, decay and schedule
+    optimizer: Literal["adamw", "shampoo", "muon"] = setting("adamw", "AdamW (nanoGPT's), Shampoo grafted onto "
+                                                             "Adam, or Muon on the blocks' matrices")  # fmt: skip
+    shampoo_block_size: int = setting(128, "Shampoo: the largest side of a preconditioned block", at_least=1)
+    shampoo_precondition_every: int = setting(10, "Shampoo: recompute the inverse roots every this many steps",
+                                              at_least=1)  # fmt: skip
+    shampoo_start: int = setting(10, "Shampoo: steps of the graft alone (Adam) before preconditioning", at_least=0)
+    muon_momentum: float = setting(0.95, "Muon: the momentum of the orthogonalised update", at_least=0, below=1)
+    muon_ns_steps: int = setting(5, "Muon: Newton-Schulz steps per update", at_least=1)
+    muon_rms: float = setting(0.2, "Muon: the update's RMS per unit of learning rate (0.2: AdamW's, so its rate "
+                              "and decay carry over; Liu et al. 2025)", above=0)  # fmt: skip
     # learning-rate schedule: linear warmup, cosine decay to min_lr (nanoGPT's get_lr)
     decay_lr: bool = setting(True, "warm up, then decay to min_lr; false: learning_rate throughout")
     warmup_iters: int = setting(100, "steps of linear warmup", at_least=0)
@@ -78,6 +94,9 @@ class TrainConfig:
         config_lib.check_ranges(self)
         if self.decay_lr:
             config_lib.check_schedule(self)
+        if self.optimizer != "adamw" and (self.tp > 1 or self.fsdp):
+            raise config_lib.ConfigError(f"optimizer={self.optimizer} preconditions whole matrices, but under --tp or "
+                                         "--fsdp a device updates slices of them: use --dp alone or adamw")  # fmt: skip
 
     def model_config(self, vocab_size: int) -> gpt.GPTConfig:
         """The model for a tokenizer of `vocab_size` tokens; under tensor parallelism the vocabulary is padded
@@ -97,12 +116,25 @@ LayerNorm scales; counted per layer, so the stacked blocks' leading layer axis d
 
 
 def make_optimizer(cfg: TrainConfig) -> optim.GradientTransformation:
-    """AdamW with weight decay where `decays` says, driven by nanoGPT's warmup + cosine schedule (or a
-    constant rate)."""
+    """`cfg.optimizer` with weight decay where `decays` says, driven by nanoGPT's warmup + cosine schedule (or a
+    constant rate): AdamW; Shampoo, its step size grafted from Adam's, each layer of the stacked blocks with
+    its own statistics; or Muon on the blocks' matrices and AdamW on the rest (the embeddings, which are also
+    the head, the biases and norms: Keller Jordan's split), its update scaled to AdamW's RMS (`muon_rms`)."""
     if cfg.decay_lr:
         lr = optim.schedules.warmup_cosine(cfg.learning_rate, cfg.warmup_iters, cfg.lr_decay_iters, cfg.min_lr)
     else:
         lr = cfg.learning_rate
+    if cfg.optimizer == "shampoo":
+        return optim.shampoo(lr, cfg.shampoo_block_size, b1=cfg.beta1, b2=cfg.beta2, stacked=("blocks",),
+                             precondition_every=cfg.shampoo_precondition_every,
+                             start_preconditioning_step=cfg.shampoo_start, weight_decay=cfg.weight_decay,
+                             mask=decays)  # fmt: skip
+    if cfg.optimizer == "muon":
+        matrices = optim.matrix_leaves(stacked=("blocks",), exclude=("wte", "wpe"))
+        return optim.muon(lr, ns_steps=cfg.muon_ns_steps, beta=cfg.muon_momentum, weight_decay=cfg.weight_decay,
+                          weight_decay_mask=decays, adam_b1=cfg.beta1, adam_b2=cfg.beta2,
+                          adam_weight_decay=cfg.weight_decay, adam_weight_decay_mask=decays, matrices=matrices,
+                          consistent_rms=cfg.muon_rms)  # fmt: skip
     return optim.adamw(lr, b1=cfg.beta1, b2=cfg.beta2, weight_decay=cfg.weight_decay, mask=decays)
 
 
@@ -123,5 +155,5 @@ def load_gpt2(cfg: TrainConfig) -> tuple[dict, gpt.GPTConfig]:
     from purejax.models import gpt_hf
 
     params, model = gpt_hf.load(Path(cfg.init_from))
-    model = dataclasses.replace(model, dropout=cfg.dropout, layers=cfg.layers)
+    model = dataclasses.replace(model, dropout=cfg.dropout, layers=cfg.layers, remat=cfg.remat)
     return gpt_surgery.crop_block_size(params, model, min(cfg.block_size, model.block_size))

@@ -25,7 +25,9 @@ Around them the loop keeps, alike for every program:
 - divergence: `optim.train_step` skips a step whose gradients are not finite (params unchanged; a float16
   loss scale backs off). After `WARN_AFTER` such steps in a row, or steps with a non-finite loss, a warning;
   after `max_bad_steps` (0: never) the run stops with an error and exit status 1, without saving over the
-  last good checkpoint. Checked at log intervals from every step's metrics (no extra wait per step).
+  last good checkpoint. Checked at log intervals from every step's metrics (no extra wait per step);
+- an `observe.Observer` when the program passes one (`observer=`): a profiler trace around the steps that
+  `--profile` names, and every row of metrics.jsonl also to TensorBoard or W&B.
 """
 
 import math
@@ -37,6 +39,7 @@ from typing import Any
 import jax
 
 from purejax.train import run
+from purejax.train.observe import Observer
 
 WARN_AFTER = 10  # consecutive bad steps before a warning
 STEP_METRICS = {"loss": "loss", "learning_rate": "lr", "grad_norm": "grad_norm", "loss_scale": "loss_scale"}
@@ -63,10 +66,12 @@ class Loop:
         main: bool = True,
         rates: Callable[[float], dict[str, float]] = lambda seconds_per_step: {},
         agree: Callable[[bool, bool], bool] = lambda requested, at_log_interval: requested,
+        observer: Observer | None = None,
     ):
         self.out_dir, self.stop, self._save = Path(out_dir), stop, save
         self.start, self.total, self.log_interval, self.progress = start, total, log_interval, progress
         self.max_bad_steps, self.main, self.rates, self.agree = max_bad_steps, main, rates, agree
+        self.observer = observer or Observer()  # one that was never started watches nothing
         self.log = run.MetricsLog(self.out_dir / "metrics.jsonl") if main else None
         self.saved_at = start if resumed else None  # the resumed checkpoint is this iteration's
         self.bar = None
@@ -82,9 +87,10 @@ class Loop:
             print(line, flush=True)
 
     def write(self, **row: Any) -> None:
-        """Append a row to metrics.jsonl (main process only)."""
+        """Append a row to metrics.jsonl and send it to the observer's loggers (main process only)."""
         if self.log is not None:
             self.log.write(**row)
+            self.observer.log(row)
 
     def save(self, state: PyTree, it: int, reason: str, **metadata: Any) -> Path:
         """The program's `save(state, it, reason, **metadata)`, noted so that the end does not save twice."""
@@ -108,8 +114,10 @@ class Loop:
                     self._window_start += time.perf_counter() - began  # evaluations are not step time
                 if it >= self.total:
                     break
+                self.observer.before_step(it, state)
                 state, metrics = step(state, it)
                 it += 1
+                self.observer.after_step(it, state)
                 self._after_step(it, metrics)
                 if self.agree(self.stop.requested, it % self.log_interval == 0):
                     self.save(state, it, "signal")

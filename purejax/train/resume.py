@@ -22,6 +22,7 @@ import numpy as np
 from purejax import checkpoint
 from purejax import tree as tree_lib
 from purejax.train import config as config_lib
+from purejax.train.observe import RunSettings
 
 PyTree = Any
 
@@ -49,8 +50,10 @@ def settings(cfg: Any, given: Iterable[str], saved: dict[str, Any], fixed: Itera
     overrides given now, e.g. a longer --max_iters). An override of a key in `fixed` (the model, the data,
     what a step means) that differs from the checkpoint is refused, naming every such key: a checkpoint cannot
     continue as another architecture or on other data. Saved keys this version no longer has are dropped;
-    keys it has that the checkpoint lacks take their defaults."""
-    given, names = set(given), {f.name for f in dataclasses.fields(cfg)}
+    keys it has that the checkpoint lacks take their defaults. How the run is watched (`observe.RunSettings`:
+    the compile cache, a profile, the loggers) is this launch's, never the checkpoint's."""
+    names = {f.name for f in dataclasses.fields(cfg)}
+    given = {*given, *(f.name for f in dataclasses.fields(RunSettings))} & names
     conflicts = [f"{k}: checkpoint has {saved[k]!r}, override says {getattr(cfg, k)!r}"
                  for k in fixed if k in given and k in saved and saved[k] != getattr(cfg, k)]  # fmt: skip
     if conflicts:

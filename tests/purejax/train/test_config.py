@@ -5,6 +5,7 @@ the same dataclass (so it cannot drift)."""
 import dataclasses
 import math
 import re
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,9 +28,10 @@ def test_every_program_answers_help_with_each_setting_its_type_default_and_help(
     out = capsys.readouterr().out
     assert out.startswith(f"usage: python -m purejax.train.{main.__module__.rsplit('.', 1)[1]}")
     lines = {line.split()[0].partition("=")[0]: line for line in out.splitlines() if line.startswith("  --")}
+    hints = typing.get_type_hints(cls)  # the program's own fields and the shared ones it inherits
     for field in dataclasses.fields(cls):
         line = lines[f"--{field.name}"]
-        assert field.metadata["help"] in line and config_lib.type_name(cls.__annotations__[field.name]) in line
+        assert field.metadata["help"] in line and config_lib.type_name(hints[field.name]) in line
     assert re.search(r"--learning_rate=float\s+0.001\s+the peak learning rate.*\(> 0\)", out) or cls not in (
         gpt.TrainConfig, flow.TrainConfig)  # fmt: skip
 

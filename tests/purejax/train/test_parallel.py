@@ -8,6 +8,8 @@ restored onto another) for 4 more. Both checkpoints must equal the single-device
 The unit tests below check `train.parallel.Devices` without a mesh, and the batch rows each process reads.
 """
 
+import os
+
 import jax
 import numpy as np
 import pytest
@@ -71,8 +73,9 @@ def test_mesh_and_multi_process_runs_equal_the_single_device_run(tmp_path, even_
         "--dp=4",
         "--fsdp=true",
     ]
+    cache = {k: v for k, v in os.environ.items() if k.startswith("JAX_COMPILATION_CACHE")}  # never the user's
     results = launch.launch(args, 2, timeout=300, devices_per_process=2, cwd=tmp_path,
-                            env={"PUREJAX_HEARTBEAT_TIMEOUT": "20", "PYTHONPATH": str(ROOT)})  # fmt: skip
+                            env={"PUREJAX_HEARTBEAT_TIMEOUT": "20", "PYTHONPATH": str(ROOT), **cache})  # fmt: skip
     outputs = "\n".join(f"--- process {r.process_id}: {r.returncode}\n{r.output}" for r in results)
     assert [r.returncode for r in results] == [0, 0], outputs
     assert "4 x 1 mesh (fsdp) of 4 cpu devices in 2 process(es)" in results[0].output, outputs

@@ -1,0 +1,107 @@
+"""JAX's persistent compilation cache for the training programs, and a count of what compiling cost a run.
+
+XLA compiles every jitted function once per shape, and a program compiles its step, its evaluation, its
+sampler: seconds on a CPU, minutes for a large model. With the cache on, JAX writes each compiled executable
+to a directory, keyed by the program, the JAX and XLA versions, the devices and the compile options; a
+second run of the same program and config loads them instead of compiling
+(https://docs.jax.dev/en/latest/persistent_compilation_cache.html).
+
+    directory = compile_cache.enable("auto")     # before anything compiles; None when off
+    counter = compile_cache.Counter()            # counts from here: compiles, seconds, cache hits
+    ...
+    print(counter.stop().summary(directory))     # "compiled 9 programs in 2.1 s (cache ...: 9 hits, 0 misses)"
+
+`--compile_cache` chooses the directory: "auto" is the one JAX was given already (`JAX_COMPILATION_CACHE_DIR`),
+else `$XDG_CACHE_HOME/purejax/jax` (`~/.cache/purejax/jax`); "off" or "" turns the cache off. JAX only caches
+programs that took `jax_persistent_cache_min_compile_time_secs` (default 1 s) to compile, which leaves out
+every program of a small CPU run; so the programs set that threshold (and the minimum entry size) to 0, unless
+the environment sets them (`JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`, ...). Entries are never evicted:
+delete the directory to reclaim the space. A process opens its cache once, at its first compilation with a
+directory set; a later run in the same process with another directory keeps writing to the first.
+"""
+
+import dataclasses
+import os
+from pathlib import Path
+
+import jax
+from jax import monitoring
+
+OFF = ("", "off")
+THRESHOLDS = {"jax_persistent_cache_min_compile_time_secs": 0.0, "jax_persistent_cache_min_entry_size_bytes": 0}
+# jax's monitoring events (the same names in jax 0.10 and 0.12): a lookup in the cache, a hit, and the time in
+# XLA's compiler (for a hit: the time to load the executable from the cache).
+REQUEST, HIT = "/jax/compilation_cache/compile_requests_use_cache", "/jax/compilation_cache/cache_hits"
+BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+
+
+def default_directory() -> Path:
+    """The per-user directory "auto" means when JAX was given none: `$XDG_CACHE_HOME/purejax/jax`."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "purejax" / "jax"
+
+
+def resolve(setting: str) -> Path | None:
+    """The directory that `--compile_cache=<setting>` names, None when it turns the cache off."""
+    if setting.strip().lower() in OFF:
+        return None
+    if setting == "auto":
+        given = jax.config.jax_compilation_cache_dir
+        return Path(given) if given else default_directory()
+    return Path(setting).expanduser()
+
+
+def enable(setting: str) -> Path | None:
+    """Point JAX's persistent cache at `resolve(setting)` (or turn it off) with thresholds low enough that a
+    small CPU program is cached too; returns the directory. Call it before anything compiles."""
+    directory = resolve(setting)
+    if directory is not None:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SystemExit(f"error: --compile_cache={setting}: cannot create {directory} ({e.strerror}); "
+                             f"give another directory, or --compile_cache=off") from None  # fmt: skip
+        for name, value in THRESHOLDS.items():
+            if name.upper() not in os.environ:
+                jax.config.update(name, value)
+    jax.config.update("jax_compilation_cache_dir", None if directory is None else str(directory))
+    return directory
+
+
+@dataclasses.dataclass
+class Counts:
+    """What compiling cost: XLA compilations (cache hits included), their seconds, and the cache's answers (a
+    miss is a lookup that found nothing: the program was compiled, and written to the cache)."""
+
+    compiles: int = 0
+    compile_s: float = 0.0
+    cache_hits: int = 0
+    cache_misses: int = 0
+
+    def summary(self, directory: Path | None) -> str:
+        cache = f"cache {directory}: {self.cache_hits} hits, {self.cache_misses} misses" if directory else "cache off"
+        return f"compiled {self.compiles} programs in {self.compile_s:.1f} s ({cache})"
+
+
+class Counter:
+    """Counts compilations through `jax.monitoring` from its creation until `stop()`, which returns the
+    `Counts`. The listeners are process-wide; `stop` removes them."""
+
+    def __init__(self):
+        self.counts, self._requests = Counts(), 0
+        monitoring.register_event_listener(self._event)
+        monitoring.register_event_duration_secs_listener(self._duration)
+
+    def _event(self, event: str, **kwargs) -> None:
+        self._requests += event == REQUEST
+        self.counts.cache_hits += event == HIT
+        self.counts.cache_misses = self._requests - self.counts.cache_hits
+
+    def _duration(self, event: str, seconds: float, **kwargs) -> None:
+        if event == BACKEND_COMPILE:
+            self.counts.compiles += 1
+            self.counts.compile_s += seconds
+
+    def stop(self) -> Counts:
+        monitoring.unregister_event_listener(self._event)
+        monitoring.unregister_event_duration_listener(self._duration)
+        return self.counts
