@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 
 SUBPACKAGES = (
     "checkpoint",
+    "lora",
     "losses",
     "nn",
     "optim",

@@ -5,6 +5,7 @@
     purejax-train-flow      python -m purejax.train.flow
     purejax-train-classify  python -m purejax.train.classify
     purejax-train-mlp       python -m purejax.train.mlp
+    purejax-finetune        python -m purejax.train.finetune
 
 Each program's `main(argv=None)` returns what it computed, for tests and notebooks; a command must return an
 exit status instead (the script pip writes calls `sys.exit(command())`, and `sys.exit` of a dict prints it and
@@ -38,3 +39,7 @@ def train_classify() -> int:
 
 def train_mlp() -> int:
     return _run("mlp")
+
+
+def finetune() -> int:
+    return _run("finetune")
