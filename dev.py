@@ -7,6 +7,8 @@ changes. Nothing outside `.venv/` is touched.
     python3 dev.py demo [ARGS...]    train the default GPT, then sample from it (ARGS go to purejax.train.gpt)
     python3 dev.py test [ARGS...]    run the whole test suite (ARGS go to pytest)
     python3 dev.py bench [NAME]      run a benchmark from bench/ (installs the bench extra)
+    python3 dev.py docs [ARGS...]    build the documentation site into build/site/, strict (installs the docs extra)
+    python3 dev.py docs serve        serve it at http://127.0.0.1:8000, rebuilt on every edit
 """
 
 import hashlib
@@ -65,6 +67,15 @@ def demo(args: list[str]) -> int:
                                                            "--num_samples=1"])  # fmt: skip
 
 
+def docs(args: list[str]) -> int:
+    """`mkdocs build --strict` (mkdocs.yml): a broken link, a page missing from the nav or a docstring that does
+    not render fails the build. `serve` instead serves the site and rebuilds it as the pages change."""
+    os.environ.setdefault("NO_MKDOCS_2_WARNING", "1")  # Material's banner about its successor, on every build
+    if args[:1] == ["serve"]:
+        return run(["-m", "mkdocs", "serve", *args[1:]])
+    return run(["-m", "mkdocs", "build", "--strict", *args])
+
+
 def main(argv: list[str]) -> int:
     command, rest = (argv[0], argv[1:]) if argv else ("", [])
     if command == "demo":
@@ -77,6 +88,9 @@ def main(argv: list[str]) -> int:
         ensure_venv("test,examples,bench")
         name = rest[0] if rest else "nn"
         return run(["-m", f"bench.{name}", *rest[1:]])
+    if command == "docs":
+        ensure_venv("docs")
+        return docs(rest)
     print(__doc__.strip(), file=sys.stderr)
     return 2
 

@@ -21,3 +21,15 @@ def test_demo_samples_from_the_out_dir_the_training_run_used(monkeypatch):
     assert out_dir(["--no_such_key=1"], python=sys.executable) is None
     ran.clear()
     assert dev.demo(["--no_such_key=1"]) == 2 and ran == []  # the parser said why; nothing was run
+
+
+def test_docs_builds_strictly_with_the_docs_extra_and_serves(monkeypatch):
+    """`python3 dev.py docs` installs the docs extra and runs the strict build; `docs serve ARGS` serves."""
+    installed, ran = [], []
+    monkeypatch.setattr(dev, "ensure_venv", installed.append)
+    monkeypatch.setattr(dev, "run", lambda args: ran.append(args) or 0)
+    assert dev.main(["docs"]) == 0
+    assert dev.main(["docs", "serve", "--dev-addr=127.0.0.1:8001"]) == 0
+    assert installed == ["docs", "docs"]
+    assert ran == [["-m", "mkdocs", "build", "--strict"], ["-m", "mkdocs", "serve", "--dev-addr=127.0.0.1:8001"]]
+    assert (ROOT / "mkdocs.yml").exists()

@@ -2,8 +2,17 @@
 
 The blocks of one file run in order in one namespace (a page is one session, as a reader would type it).
 Blocks fenced as anything else (```text, ```bash) are not run.
+
+Snippets of another library (the migration pages' PyTorch and Flax sides) name the module they need as
+the fence's first class, e.g. ```python {.torch title="PyTorch"} (attribute-list syntax, which the docs site
+renders as Python code with a title and GitHub as plain Python). They run only where that module imports:
+the page is run a second time, its plain blocks and those peer blocks in page order, as a test of its own
+named `page[peer]`, which is reported as a skip with the reason where the module is missing (the peers are
+in the bench extra, not in the test venv). Peer blocks may use what the plain blocks define, never the
+reverse.
 """
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -12,6 +21,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted([ROOT / "README.md", *ROOT.glob("docs/**/*.md")])
 BLOCK = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
+# ```python {.NAME ...}: a block that needs the importable module NAME (a peer library).
+PEER_BLOCK = re.compile(
+    r"^```python(?:[ \t]+\{\.([A-Za-z_]\w*)[^}\n]*\})?[ \t]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE
+)
 
 
 def python_blocks(page: Path) -> list[tuple[int, str]]:
@@ -20,13 +33,40 @@ def python_blocks(page: Path) -> list[tuple[int, str]]:
     return [(text[: m.start()].count("\n") + 2, m.group(1)) for m in BLOCK.finditer(text)]
 
 
+def blocks_with_peer(page: Path, peer: str) -> list[tuple[int, str]]:
+    """(first line number, code) of each plain ```python block and each ```python `peer` block, in page order."""
+    text = page.read_text()
+    matches = [m for m in PEER_BLOCK.finditer(text) if m.group(1) in (None, peer)]
+    return [(text[: m.start()].count("\n") + 2, m.group(2)) for m in matches]
+
+
+def peers(page: Path) -> list[str]:
+    """The modules named by the page's ```python {.NAME} blocks, in order of first use."""
+    return list(dict.fromkeys(m.group(1) for m in PEER_BLOCK.finditer(page.read_text()) if m.group(1)))
+
+
+def run_blocks(page: Path, blocks: list[tuple[int, str]]) -> None:
+    namespace = {"__name__": f"doc:{page.name}"}
+    for line, code in blocks:
+        compiled = compile(code, f"{page.relative_to(ROOT)}:{line}", "exec")
+        exec(compiled, namespace)
+
+
 @pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p)], ids=lambda p: str(p.relative_to(ROOT)))
 def test_doc_page_runs(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # pages that write files write them here
-    namespace = {"__name__": f"doc:{page.name}"}
-    for line, code in python_blocks(page):
-        compiled = compile(code, f"{page.relative_to(ROOT)}:{line}", "exec")
-        exec(compiled, namespace)
+    run_blocks(page, python_blocks(page))
+
+
+PEER_CASES = [(page, peer) for page in PAGES for peer in peers(page)]
+
+
+@pytest.mark.parametrize(("page", "peer"), PEER_CASES, ids=[f"{p.relative_to(ROOT)}[{peer}]" for p, peer in PEER_CASES])
+def test_doc_page_runs_with_peer(page, peer, tmp_path, monkeypatch):
+    if importlib.util.find_spec(peer.split(".")[0]) is None:
+        pytest.skip(f"{peer} is not installed: the {peer} blocks of {page.relative_to(ROOT)} need the bench extra")
+    monkeypatch.chdir(tmp_path)
+    run_blocks(page, blocks_with_peer(page, peer))
 
 
 def test_blocks_are_found(tmp_path):
@@ -34,3 +74,15 @@ def test_blocks_are_found(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("x\n```python\na = 1\n```\n```text\nno\n```\n```python\nb = a + 1\n```\n")
     assert python_blocks(page) == [(3, "a = 1\n"), (9, "b = a + 1\n")]
+
+
+def test_peer_blocks_are_found(tmp_path):
+    """A ```python {.torch} block is not a plain block; it runs, in page order, only in the page's torch run."""
+    page = tmp_path / "page.md"
+    torch_fence, flax_fence = '```python {.torch title="PyTorch"}', "```python {.flax}"
+    blocks = ["```python\na = 1", f"{torch_fence}\nt = a", f"{flax_fence}\nf = a", "```python\nb = 2"]
+    page.write_text("".join(block + "\n```\n" for block in blocks))
+    assert python_blocks(page) == [(2, "a = 1\n"), (11, "b = 2\n")]
+    assert peers(page) == ["torch", "flax"]
+    assert blocks_with_peer(page, "torch") == [(2, "a = 1\n"), (5, "t = a\n"), (11, "b = 2\n")]
+    assert blocks_with_peer(page, "flax") == [(2, "a = 1\n"), (8, "f = a\n"), (11, "b = 2\n")]

@@ -12,10 +12,10 @@ Sennrich 2019), rotary position embeddings on the queries and keys instead of a 
 (Ainslie et al. 2023: n_kv_head key/value heads shared by n_head query heads, 1 = multi-query), no biases, and an
 untied output head (Llama 3.2's small models tie it; `tie_embeddings`).
 
-params: {"embed": embedding (vocab_size, d_model),
-         "blocks": {"attn_norm", "attn": {"qkv", "proj"}, "mlp_norm", "mlp": {"gate", "up", "down"}, every leaf
-                    stacked on a leading n_layer axis},
-         "norm", "head": {"w": (d_model, vocab_size)} (absent when tied)}.
+params = {"embed": embedding (vocab_size, d_model),
+          "blocks": {"attn_norm", "attn": {"qkv", "proj"}, "mlp_norm", "mlp": {"gate", "up", "down"}, every leaf
+                     stacked on a leading n_layer axis},
+          "norm", "head": {"w": (d_model, vocab_size)} (absent when tied)}.
 attn.qkv's columns are in `purejax.nn.attention`'s grouped order ([q.. k v] per key/value head), not Hugging
 Face's separate q_proj / k_proj / v_proj: `attention.qkv_permutation` converts (llama_hf.py does).
 
