@@ -31,7 +31,6 @@ from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, ArrayLike, Float, Integer
 
 from purejax import losses, parallel
-from purejax import tree as tree_lib
 from purejax.models import llama
 from purejax.models.llama import LlamaConfig, Params
 from purejax.parallel import MODEL, MeshAxes
@@ -177,16 +176,4 @@ def _layer_wrapper(config: LlamaConfig, axes: MeshAxes, specs: Params, tp: int) 
 
 def check_shards(params: Params, config: LlamaConfig, specs: Params) -> None:
     """Inside `shard_map`: raise, naming every leaf, unless each param is this device's shard as `specs` say."""
-    sizes = {name: jax.lax.axis_size(name) for spec in jax.tree.leaves(specs) for name in parallel.spec_axes(spec)}
-    local = jax.tree.map(
-        lambda s, spec: jax.ShapeDtypeStruct(parallel.local_shape(s.shape, spec, sizes), s.dtype),
-        _shapes(config),
-        specs,
-    )
-    report = tree_lib.diff(params, local, check_dtype=False)
-    if not report.ok:
-        raise tree_lib.TreeMismatchError(
-            report.format("llama params (this device's shards, as param_specs(config, axes, mesh.shape) says)")
-            + "\nwere they placed with parallel.shard(params, param_specs(...), mesh) and passed through "
-            "shard_map with those specs?"
-        )
+    parallel.check_shards(params, _shapes(config), specs, "llama params")

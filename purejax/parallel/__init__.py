@@ -19,7 +19,15 @@ says how to run on several processes and hosts.
 
 from purejax.parallel.fsdp import fsdp_specs, gather, gathered, layer_specs
 from purejax.parallel.mesh import DATA, MODEL, MeshAxes, make_mesh, parse_mesh
-from purejax.parallel.specs import check_divisible, local_shape, shard, spec_axes, specs_from_rules, state_specs
+from purejax.parallel.specs import (
+    check_divisible,
+    check_shards,
+    local_shape,
+    shard,
+    spec_axes,
+    specs_from_rules,
+    state_specs,
+)
 from purejax.parallel.step import sharded_train_step
 
 __all__ = [
@@ -27,6 +35,7 @@ __all__ = [
     "MODEL",
     "MeshAxes",
     "check_divisible",
+    "check_shards",
     "fsdp_specs",
     "gather",
     "gathered",

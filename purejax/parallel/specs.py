@@ -92,6 +92,23 @@ def check_divisible(shapes: PyTree, specs: PyTree, sizes: Mapping[str, int]) -> 
     jax.tree_util.tree_map_with_path(check, specs, shapes, is_leaf=_is_spec)
 
 
+def check_shards(params: PyTree, shapes: PyTree, specs: PyTree, what: str = "params") -> None:
+    """Inside `shard_map`: raise, naming every leaf, unless each of `params` is this device's shard of the
+    whole arrays `shapes` (a tree of ShapeDtypeStruct) as `specs` split them. A model's `_forward` calls it
+    first, so that params placed with other specs fail here with their paths, not deep inside a matmul."""
+    sizes = {name: jax.lax.axis_size(name) for spec in jax.tree.leaves(specs) for name in spec_axes(spec)}
+    local = jax.tree.map(
+        lambda s, spec: jax.ShapeDtypeStruct(local_shape(s.shape, spec, sizes), s.dtype), shapes, specs
+    )
+    report = tree_lib.diff(params, local, check_dtype=False)
+    if not report.ok:
+        raise tree_lib.TreeMismatchError(
+            report.format(f"{what} (this device's shards, as param_specs(config, axes, mesh.shape) says)")
+            + "\nwere they placed with parallel.shard(params, param_specs(...), mesh) and passed through "
+            "shard_map with those specs?"
+        )
+
+
 def shard(tree: PyTree, specs: PyTree, mesh: jax.sharding.Mesh) -> PyTree:
     """`tree` placed on `mesh`, each leaf split as its spec says (`specs` has the tree's structure, or is a
     prefix of it). Every device receives only its own slice, in a buffer of its own, so donating the result
