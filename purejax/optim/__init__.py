@@ -6,7 +6,9 @@ Every optimizer is an `init(params) -> state` / `update(grads, state, params) ->
     optimizer = chain(clip=clip_by_global_norm(1.0), adam=scale_by_adam(), lr=scale_by_learning_rate(3e-4))
 
 Files, one idea each: `base` (the pair, chain, apply_updates), `sgd`, `adam`, `lion`, `rmsprop`, `adafactor`,
-`weight_decay` (decoupled decay and masks), `learning_rate` (the rate in the state), `schedules`, `clipping`,
+`shampoo` (with `matrix_roots`, its inverse p-th roots), `muon` (Newton-Schulz orthogonalised momentum),
+`weight_decay` (decoupled decay and masks),
+`learning_rate` (the rate in the state), `schedules`, `clipping`,
 `accumulate` (micro-batches), `ema` (parameter averages), `loss_scale` (float16), `train_step` (all of it).
 See docs/optim.md.
 """
@@ -53,8 +55,10 @@ from purejax.optim.loss_scale import (
     dynamic_loss_scale,
     static_loss_scale,
 )
+from purejax.optim.muon import MuonState, matrix_leaves, muon, newton_schulz, scale_by_muon
 from purejax.optim.rmsprop import CenteredRmsState, RmsState, rmsprop, scale_by_rms
 from purejax.optim.sgd import TraceState, sgd, trace
+from purejax.optim.shampoo import Kronecker, ShampooState, scale_by_shampoo, shampoo
 from purejax.optim.train_step import TrainState, init_train_state, train_step
 from purejax.optim.weight_decay import add_decayed_weights, ndim_at_least, resolve_mask
 
@@ -67,16 +71,19 @@ __all__ = [
     "FactoredRmsState",
     "GlobalNormState",
     "GradientTransformation",
+    "Kronecker",
     "LearningRateState",
     "LionState",
     "LossScale",
     "MultiStepsState",
+    "MuonState",
     "NoLossScale",
     "ParamEMA",
     "ParamEMAState",
     "RmsState",
     "Schedule",
     "ScheduleState",
+    "ShampooState",
     "StaticLossScale",
     "TraceState",
     "TrainState",
@@ -101,8 +108,11 @@ __all__ = [
     "identity",
     "init_train_state",
     "lion",
+    "matrix_leaves",
     "multi_steps",
+    "muon",
     "ndim_at_least",
+    "newton_schulz",
     "param_ema",
     "resolve_mask",
     "rmsprop",
@@ -111,11 +121,14 @@ __all__ = [
     "scale_by_factored_rms",
     "scale_by_learning_rate",
     "scale_by_lion",
+    "scale_by_muon",
     "scale_by_param_block_rms",
     "scale_by_rms",
+    "scale_by_shampoo",
     "schedules",
     "set_learning_rate",
     "sgd",
+    "shampoo",
     "split_micro_batches",
     "static_loss_scale",
     "stateless",
