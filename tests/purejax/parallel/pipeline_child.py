@@ -1,0 +1,153 @@
+"""Child process for tests/purejax/parallel/test_pipeline.py: 8 simulated CPU devices (XLA_FLAGS must be set
+before jax is imported). Runs the pipelined GPT loss and gradients for a few (stages, micro-batches, schedule,
+dropout) cases, compares them with one device's, counts the compiled program's collectives, and writes the
+numbers to a JSON file that the tests assert on.
+
+    python pipeline_child.py OUT.json
+"""
+
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+import dataclasses
+import functools
+import json
+
+from jaxtyping import install_import_hook
+
+# run-time shape checks, as in the test process (tests/conftest.py)
+install_import_hook(["purejax"], "beartype.beartype(conf=beartype.BeartypeConf(is_pep484_tower=True))")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from purejax import losses, optim, parallel  # noqa: E402
+from purejax import tree as tree_lib  # noqa: E402
+from purejax.models import gpt  # noqa: E402
+from purejax.parallel import pipeline, schedules  # noqa: E402
+from tests.purejax.parallel.hlo import executed_collectives  # noqa: E402
+
+CONFIG = gpt.GPTConfig(block_size=8, vocab_size=32, n_layer=4, n_head=2, n_embd=16)
+BATCH = 4
+# (stages, micro-batches, schedule, dropout rate)
+# (1F1B with M > S reuses its buffer slots; the two dropout cases share one reference)
+CASES = [(2, 1, "gpipe", 0.0), (4, 4, "gpipe", 0.1), (2, 4, "1f1b", 0.1)]
+
+
+def make_params(seed: int = 0) -> gpt.Params:
+    """Random params from numpy: every weight, bias and LayerNorm non-trivial."""
+    rng = np.random.default_rng(seed)
+    shapes = jax.eval_shape(functools.partial(gpt.init, config=CONFIG), jax.random.key(0))
+    return jax.tree.map(lambda s: jnp.asarray(0.3 * rng.standard_normal(s.shape), jnp.float32), shapes)
+
+
+def make_batch(seed: int = 1):
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, CONFIG.vocab_size, (BATCH, CONFIG.block_size))
+    targets = rng.integers(0, CONFIG.vocab_size, (BATCH, CONFIG.block_size))
+    targets[0, :5] = -1  # ignored positions, unevenly spread over the micro-batches
+    return jnp.asarray(idx, jnp.int32), jnp.asarray(targets, jnp.int32)
+
+
+@functools.cache
+def reference_fn(config, n_micro):
+    """`(params, batch, key) -> (loss, grads)` of `reference`, compiled once per (config, M)."""
+    if config.dropout == 0:
+        return jax.jit(jax.value_and_grad(lambda p, b, _: gpt.loss(p, b, config)))
+    return jax.jit(jax.value_and_grad(functools.partial(_reference_loss, config=config, n_micro=n_micro)))
+
+
+def reference(params, batch, config, n_micro, key):
+    """One device: the sum over micro-batches m (consecutive rows, key `split(key, M)[m]`) of the summed token
+    losses over the whole batch's token count; without dropout, plain `gpt.loss` on the whole batch."""
+    return reference_fn(config, n_micro)(params, batch, key)
+
+
+def _reference_loss(params, batch, key, *, config, n_micro):
+    idx, targets = batch
+    keys, rows = jax.random.split(key, n_micro), BATCH // n_micro
+    total = 0.0
+    for m in range(n_micro):
+        part = slice(m * rows, (m + 1) * rows)
+        per_token = losses.cross_entropy(gpt.apply(params, idx[part], config, key=keys[m]), targets[part])
+        total += jnp.sum(jnp.where(targets[part] != -1, per_token, 0.0))
+    return total / jnp.sum(targets != -1)
+
+
+def rel_err(got, want) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+
+
+def run_case(params, batch, n_stages, n_micro, name, rate) -> dict:
+    config = dataclasses.replace(CONFIG, dropout=rate)
+    mesh = jax.make_mesh((n_stages,), (pipeline.PIPE,), devices=jax.devices()[:n_stages])
+    table = schedules.SCHEDULES[name](n_stages, n_micro)
+    specs = pipeline.param_specs(params)
+    fn = pipeline.sharded_loss_and_grads(mesh, config, table)
+    key = jax.random.key(7)
+    placed = parallel.shard(params, specs, mesh)
+    compiled = fn.lower(placed, batch, key).compile()
+    loss, grads = compiled(placed, batch, key)
+    ref_loss, ref_grads = reference(params, batch, config, n_micro, key)
+    flat, ref_flat = tree_lib.flatten(grads), tree_lib.flatten(ref_grads)
+    counts = executed_collectives(compiled.as_text(), {pipeline.PIPE: n_stages})
+    return {
+        "steps": len(table),
+        "loss": float(loss),
+        "loss_rel_err": rel_err(loss, ref_loss),
+        "grad_rel_err": {path: rel_err(flat[path], ref_flat[path]) for path in ref_flat},
+        "collectives": {kind: n for (kind, _), n in counts.items()},
+        "loss_without_dropout": float(gpt.loss(params, batch, CONFIG)),
+        "non_block_params": tree_lib.count({k: v for k, v in params.items() if k != "blocks"}),
+        "temp_bytes": compiled.memory_analysis().temp_size_in_bytes,
+        "adamw_params_rel_err": adamw_steps(params, placed, batch, config, n_micro, fn) if name == "1f1b" else None,
+    }
+
+
+def adamw_steps(params, placed, batch, config, n_micro, pipelined, steps: int = 3) -> float:
+    """Three AdamW steps from the pipelined gradients against three from one device's, a fresh dropout key
+    each step: the relative error of the final params, all leaves as one vector, but for the key projection's
+    bias: its true gradient is 0 (softmax ignores a constant added to every score of a query), so Adam's
+    m / sqrt(v) scales either run's rounding noise up to the learning rate, in a different direction."""
+    optimizer = optim.adamw(1e-2, weight_decay=0.1)
+    update = jax.jit(lambda p, g, s: (lambda u, s: (optim.apply_updates(p, u), s))(*optimizer.update(g, s, p)))
+    ours, ours_state, ref, ref_state = placed, optimizer.init(placed), params, optimizer.init(params)
+    for step in range(steps):
+        key = jax.random.key(100 + step)
+        ours, ours_state = update(ours, pipelined(ours, batch, key)[1], ours_state)
+        ref, ref_state = update(ref, reference(ref, batch, config, n_micro, key)[1], ref_state)
+    return rel_err(*(flat_without_key_bias(tree) for tree in (ours, ref)))
+
+
+def flat_without_key_bias(params) -> np.ndarray:
+    """Every param in one vector, the key bias left out: qkv's bias is [q_h k_h v_h] per head (attention.py)."""
+    flat = {path: np.asarray(leaf) for path, leaf in tree_lib.flatten(params).items()}
+    bias = flat.pop("blocks.attn.qkv.b").reshape(CONFIG.n_layer, CONFIG.n_head, 3, -1)
+    return np.concatenate([*(leaf.ravel() for leaf in flat.values()), bias[:, :, [0, 2]].ravel()])
+
+
+def gpipe_temp_bytes(params, batch, n_stages, n_micro, rate) -> int:
+    """XLA's temporaries of the GPipe program (compiled, not run), to set beside a 1F1B case's."""
+    mesh = jax.make_mesh((n_stages,), (pipeline.PIPE,), devices=jax.devices()[:n_stages])
+    fn = pipeline.sharded_loss_and_grads(
+        mesh, dataclasses.replace(CONFIG, dropout=rate), schedules.gpipe(n_stages, n_micro)
+    )
+    placed = parallel.shard(params, pipeline.param_specs(params), mesh)
+    return fn.lower(placed, batch, jax.random.key(7)).compile().memory_analysis().temp_size_in_bytes
+
+
+def main(out: str) -> None:
+    params, batch = make_params(), make_batch()
+    results = {f"S{s}-M{m}-{name}-p{rate}": run_case(params, batch, s, m, name, rate) for s, m, name, rate in CASES}
+    results["gpipe_temp_bytes"] = {"S2-M4-p0.1": gpipe_temp_bytes(params, batch, 2, 4, 0.1)}
+    with open(out, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,111 @@
+"""Pipeline parallelism (purejax/parallel/schedules.py, pipeline.py). The schedule tables: every op once and
+after its inputs, the bubble fraction against GPipe's formula, 1F1B's bounded activations. The pipelined GPT
+on 8 simulated devices (pipeline_child.py computes, these tests judge): loss and gradients equal one device's,
+with dropout, and the collectives of the compiled program equal the count the schedule implies."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from purejax.parallel import schedules
+
+HERE = Path(__file__).resolve().parent
+SHAPES = [(1, 1), (1, 3), (2, 1), (2, 4), (3, 5), (4, 1), (4, 2), (4, 4), (4, 8), (8, 3)]
+CASES = ["S2-M1-gpipe-p0.0", "S4-M4-gpipe-p0.1", "S2-M4-1f1b-p0.1"]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("pipeline") / "results.json"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(HERE.parents[2])}
+    done = subprocess.run(
+        [sys.executable, str(HERE / "pipeline_child.py"), str(out)], env=env, capture_output=True, text=True
+    )
+    if done.returncode:
+        raise AssertionError(f"pipeline_child.py exited with {done.returncode}:\n{done.stderr[-6000:]}")
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("name", sorted(schedules.SCHEDULES))
+@pytest.mark.parametrize("n_stages, n_micro", SHAPES)
+def test_schedules_are_valid_and_their_bubble_is_gpipes_formula(name, n_stages, n_micro):
+    table = schedules.SCHEDULES[name](n_stages, n_micro)
+    schedules.check(table, n_stages, n_micro)
+    assert len(table) == 2 * (n_micro + n_stages - 1)
+    assert schedules.bubble_fraction(table) == pytest.approx((n_stages - 1) / (n_micro + n_stages - 1), abs=1e-12)
+
+
+@pytest.mark.parametrize("n_stages, n_micro", SHAPES)
+def test_1f1b_keeps_at_most_S_activations_per_stage_and_gpipe_keeps_M(n_stages, n_micro):
+    one_f_one_b = schedules.one_f_one_b(n_stages, n_micro)
+    assert max(schedules.stored_activations(one_f_one_b)) <= n_stages
+    assert schedules.buffer_slots(one_f_one_b) <= min(n_stages, n_micro)
+    assert schedules.stored_activations(schedules.gpipe(n_stages, n_micro)) == [n_micro] * n_stages
+    assert schedules.buffer_slots(schedules.gpipe(n_stages, n_micro)) == n_micro
+
+
+def test_the_tables_read_as_the_papers_draw_them():
+    assert schedules.render(schedules.gpipe(2, 2)) == "stage 0: F0 F1 .  .  B0 B1\nstage 1: .  F0 F1 B0 B1 ."
+    assert schedules.render(schedules.one_f_one_b(2, 3)).splitlines()[1] == "stage 1: .  F0 B0 F1 B1 F2 B2 ."
+
+
+def test_check_names_the_op_that_runs_too_early_or_is_missing():
+    good = schedules.gpipe(2, 2)
+    early = ((("F", 0), ("F", 0)), (("F", 1), None), *good[2:])  # stage 1's F0 in the step stage 0 runs it
+    with pytest.raises(ValueError, match=r"F\(0\) on stage 1 at step 0 runs before \[\('F', 0, 0\)\]"):
+        schedules.check(early, 2, 2)
+    with pytest.raises(ValueError, match="missing"):
+        schedules.check(schedules.gpipe(2, 2)[:-1], 2, 2)
+    with pytest.raises(ValueError, match="n_micro must be a positive int"):
+        schedules.gpipe(2, 0)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_pipelined_loss_and_gradients_equal_one_device(results, case):
+    got = results[case]
+    assert got["loss_rel_err"] < 1e-6
+    worst = max(got["grad_rel_err"], key=got["grad_rel_err"].get)
+    assert got["grad_rel_err"][worst] < 1e-5, (worst, got["grad_rel_err"][worst])
+    if case.endswith("p0.1"):  # dropout is on: the loss is not the deterministic one
+        assert abs(got["loss"] - got["loss_without_dropout"]) > 1e-3
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_collectives_are_two_permutes_per_step_and_one_all_reduce(results, case):
+    """Per step of the table, one activation sent forward and one gradient sent back, each one micro-batch of
+    (rows, seq 8, n_embd 16); at the end, one all-reduce of wte, wpe, ln_f's gradients and the loss."""
+    got = results[case]
+    n_stages, n_micro = int(case.split("-")[0][1:]), int(case.split("-")[1][1:])
+    steps = 2 * (n_micro + n_stages - 1)
+    assert got["steps"] == steps
+    assert got["collectives"]["collective-permute"] == {"ops": 2 * steps, "elements": 2 * steps * (4 // n_micro) * 128}
+    assert got["collectives"]["all-reduce"] == {"ops": 1, "elements": got["non_block_params"] + 1}
+    assert set(got["collectives"]) == {"collective-permute", "all-reduce"}
+
+
+def test_three_adamw_steps_from_pipelined_gradients_equal_one_device(results):
+    """1F1B over 2 stages with 4 micro-batches and dropout, a new key each step: the params after three steps
+    (all but the key bias, whose gradient is 0 in exact arithmetic: pipeline_child.adamw_steps)."""
+    assert results["S2-M4-1f1b-p0.1"]["adamw_params_rel_err"] < 2e-6
+
+
+def test_1f1b_compiles_to_fewer_temporaries_than_gpipe(results):
+    """S = 2, M = 4: 1F1B's buffers hold 2 micro-batches, GPipe's 4 (XLA's memory analysis of the compiled
+    programs; the buffers are 2 x 2 x 512 bytes apart, part of which XLA's buffer sharing absorbs)."""
+    assert results["S2-M4-1f1b-p0.1"]["temp_bytes"] < results["gpipe_temp_bytes"]["S2-M4-p0.1"]
+
+
+def test_a_table_for_another_stage_count_is_refused():
+    import jax
+
+    from purejax.models import gpt
+    from purejax.parallel import pipeline
+
+    mesh = jax.make_mesh((1,), (pipeline.PIPE,), devices=jax.devices()[:1])
+    config = gpt.GPTConfig(block_size=8, vocab_size=32, n_layer=4, n_head=2, n_embd=16)
+    with pytest.raises(ValueError, match=r"4 layers over 1 stages \('pipe'\) with a table of 2 stages"):
+        pipeline.sharded_loss_and_grads(mesh, config, schedules.gpipe(2, 1))
