@@ -10,10 +10,25 @@ the page is run a second time, its plain blocks and those peer blocks in page or
 named `page[peer]`, which is reported as a skip with the reason where the module is missing (the peers are
 in the bench extra, not in the test venv). Peer blocks may use what the plain blocks define, never the
 reverse.
+
+A page that needs a fresh JAX (several simulated CPU devices: XLA reads `XLA_FLAGS` once, when JAX first
+starts, and in this process it started long ago with one device) says so in an HTML comment on a line of its
+own (under the title: the docs site takes the page's title from a first-line heading), which the site does not
+render:
+
+    <!-- docs-test: fresh-process XLA_FLAGS=--xla_force_host_platform_device_count=8 -->
+
+Its blocks then run in order, in one namespace, in a new Python process (this one's interpreter, the page's
+variables added to the environment, cwd a temporary directory); a failure shows that process's output, with
+each traceback naming the page and the block's first line as above.
 """
 
 import importlib.util
+import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,6 +60,34 @@ def peers(page: Path) -> list[str]:
     return list(dict.fromkeys(m.group(1) for m in PEER_BLOCK.finditer(page.read_text()) if m.group(1)))
 
 
+# <!-- docs-test: fresh-process NAME=value ... --> on a line of a page: run it in a new process, so set.
+FRESH = re.compile(r"^<!-- docs-test: fresh-process((?:[ \t]+\w+=\S+)*)[ \t]*-->$", re.MULTILINE)
+FRESH_TIMEOUT = 300  # seconds; a page is meant to take ~15
+RUNNER = """
+import json, sys
+namespace = {"__name__": sys.argv[2]}
+for name, code in json.load(open(sys.argv[1])):
+    exec(compile(code, name, "exec"), namespace)
+"""
+
+
+def fresh_environment(page: Path) -> dict[str, str] | None:
+    """The variables a fresh-process page asks for (maybe none), or None for a page run in this process."""
+    match = FRESH.search(page.read_text())
+    return None if match is None else dict(item.split("=", 1) for item in match.group(1).split())
+
+
+def run_fresh(page: Path, blocks: list[tuple[int, str]], environment: dict[str, str], cwd: Path) -> None:
+    script = cwd / "blocks.json"
+    script.write_text(json.dumps([(f"{page.relative_to(ROOT)}:{line}", code) for line, code in blocks]))
+    env = {**os.environ, **environment, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run(
+        [sys.executable, "-c", RUNNER, str(script), f"doc:{page.name}"],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=FRESH_TIMEOUT,
+    )  # fmt: skip
+    assert run.returncode == 0, f"{page.relative_to(ROOT)} failed in its own process:\n{run.stdout}\n{run.stderr}"
+
+
 def run_blocks(page: Path, blocks: list[tuple[int, str]]) -> None:
     namespace = {"__name__": f"doc:{page.name}"}
     for line, code in blocks:
@@ -55,7 +98,11 @@ def run_blocks(page: Path, blocks: list[tuple[int, str]]) -> None:
 @pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p)], ids=lambda p: str(p.relative_to(ROOT)))
 def test_doc_page_runs(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # pages that write files write them here
-    run_blocks(page, python_blocks(page))
+    environment = fresh_environment(page)
+    if environment is None:
+        run_blocks(page, python_blocks(page))
+    else:
+        run_fresh(page, python_blocks(page), environment, tmp_path)
 
 
 PEER_CASES = [(page, peer) for page in PAGES for peer in peers(page)]
@@ -86,3 +133,18 @@ def test_peer_blocks_are_found(tmp_path):
     assert peers(page) == ["torch", "flax"]
     assert blocks_with_peer(page, "torch") == [(2, "a = 1\n"), (5, "t = a\n"), (11, "b = 2\n")]
     assert blocks_with_peer(page, "flax") == [(2, "a = 1\n"), (8, "f = a\n"), (11, "b = 2\n")]
+
+
+def test_fresh_process_pages(tmp_path):
+    """A marked page runs in a new process with its variables (JAX there sees 3 devices); an unmarked one not."""
+    plain, marked = tmp_path / "plain.md", tmp_path / "marked.md"
+    plain.write_text("<!-- a comment -->\n```python\nx = 1\n```\n")
+    marker = "# A page\n\n<!-- docs-test: fresh-process XLA_FLAGS=--xla_force_host_platform_device_count=3 -->\n"
+    marked.write_text(marker + "```python\nimport jax\nn = jax.device_count()\n```\n```python\nassert n == 3\n```\n")
+    assert fresh_environment(plain) is None
+    environment = fresh_environment(marked)
+    assert environment == {"XLA_FLAGS": "--xla_force_host_platform_device_count=3"}
+    page = ROOT / "docs" / "probe.md"  # a name under ROOT, as a real page's: it only labels the tracebacks
+    run_fresh(page, python_blocks(marked), environment, tmp_path)
+    with pytest.raises(AssertionError, match=r"docs/probe.md:8\", line 1"):
+        run_fresh(page, [*python_blocks(marked)[:1], (8, "assert n == 1\n")], environment, tmp_path)

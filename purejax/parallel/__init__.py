@@ -12,6 +12,7 @@
   environment), `is_main`, and the global batch from the rows each process loads (`local_rows`, `global_batch`).
 - `cluster`: how a process was started (srun, mpirun, launch), read from its environment before JAX starts.
 - `launch`: `python -m purejax.parallel.launch --num_processes=N -- <program>`, N local processes of one run.
+- `show`: `describe(tree)`, which device holds which slice of each array, read off the real shardings.
 
 docs/parallelism.md draws who holds what in each mode and which collective moves it; docs/multihost.md
 says how to run on several processes and hosts.
@@ -19,6 +20,7 @@ says how to run on several processes and hosts.
 
 from purejax.parallel.fsdp import fsdp_specs, gather, gathered, layer_specs
 from purejax.parallel.mesh import DATA, MODEL, MeshAxes, make_mesh, parse_mesh
+from purejax.parallel.show import describe
 from purejax.parallel.specs import (
     check_divisible,
     check_shards,
@@ -36,6 +38,7 @@ __all__ = [
     "MeshAxes",
     "check_divisible",
     "check_shards",
+    "describe",
     "fsdp_specs",
     "gather",
     "gathered",
