@@ -18,11 +18,16 @@ What each axis of `axes` (a `purejax.parallel.MeshAxes`) does here; docs/paralle
 - `axes.fsdp`: ZeRO-3, every matrix also split over the data axis at rest (`parallel.fsdp_specs`): wte and wpe
   are all-gathered once per pass, each block's params inside the scan, one layer at a time under
   `jax.checkpoint` (`parallel.gathered`); `jax.grad` turns each all-gather into a reduce-scatter.
+- `axes.context`: context parallelism, the sequence split over it in zig-zag order
+  (`purejax.parallel.context.to_ring_order` reorders a batch): each device embeds its tokens at their global
+  positions, attention runs as a ring (`purejax.parallel.ring_attention`, n-1 `ppermute`s of a key/value
+  block per layer), everything else is per token; the loss's sum and count are psummed over it too. Attention
+  dropout is refused (the ring has none).
 `MeshAxes()` (or None) is one device: `apply` and `loss` are then gpt.py's, unchanged.
 """
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -33,8 +38,10 @@ from jaxtyping import Array, ArrayLike, Float, Integer, PRNGKeyArray
 from purejax import losses, parallel
 from purejax.models import gpt
 from purejax.models.gpt import GPTConfig, Params
-from purejax.nn import embedding
-from purejax.parallel import MODEL, MeshAxes
+from purejax.nn import attention, embedding, layer_norm, linear, mlp, stack
+from purejax.nn import remat as remat_lib
+from purejax.parallel import MODEL, MeshAxes, context
+from purejax.parallel.ring_attention import ring_attention
 
 # Megatron-LM's layout, rows read top down, first match wins. MODEL is the role of the tensor-parallel axis
 # (None when it is off). Leaves under "blocks" have a leading layer axis, never split.
@@ -113,13 +120,18 @@ def loss(
     axes: MeshAxes | None = None,
 ) -> Float[Array, ""]:
     """`gpt.loss` over the whole batch, every data shard's rows together: the sum of the token losses and
-    their count are psummed over `axes.data` before dividing, so a shard with more ignored targets (-1)
-    weighs less, as on one device. The same value on every device."""
+    their count are psummed over `axes.data` (and `axes.context`) before dividing, so a shard with more
+    ignored targets (-1) weighs less, as on one device. The same value on every device."""
     axes = MeshAxes() if axes is None else axes
     idx, targets = batch
     logits = apply(params, idx, config, key=key, axes=axes)
     per_token = losses.cross_entropy(logits, targets, ignore_index=-1, axis_name=axes.model)
-    return losses.masked_mean(per_token, jnp.asarray(targets) != -1, axis_name=axes.data)
+    if axes.context is None:
+        return losses.masked_mean(per_token, jnp.asarray(targets) != -1, axis_name=axes.data)
+    mask = (jnp.asarray(targets) != -1).astype(jnp.float32)
+    total, count = jnp.sum(per_token.astype(jnp.float32) * mask), jnp.sum(mask)
+    total, count = jax.lax.psum((total, count), tuple(a for a in (axes.data, axes.context) if a is not None))
+    return total / jnp.maximum(count, 1.0)
 
 
 def _forward(params: Params, idx: Any, config: GPTConfig, key: Any, axes: MeshAxes | None) -> tuple[Params, Array]:
@@ -137,7 +149,51 @@ def _forward(params: Params, idx: Any, config: GPTConfig, key: Any, axes: MeshAx
         params = {**parallel.gather(top, {name: specs[name] for name in top}, axes.data), "blocks": params["blocks"]}
         layer_specs = parallel.layer_specs(specs["blocks"])
         wrap_block = functools.partial(parallel.gathered, specs=layer_specs, axis=axes.data)
+    if axes.context is not None:
+        return params, _context_hidden(params, idx, config, key, axes, wrap_block)
     return params, gpt.hidden(params, idx, config, key=key, axis_name=axes.model, wrap_block=wrap_block)
+
+
+def _context_hidden(
+    params: Params, idx: Integer[ArrayLike, "batch t"], config: GPTConfig, key: PRNGKeyArray | None,
+    axes: MeshAxes, wrap_block: Callable | None,
+) -> Float[Array, "batch t d_model"]:  # fmt: skip
+    """`gpt.hidden` for this device's tokens of a sequence split over `axes.context` (zig-zag order): wpe at
+    their global positions, and each block's attention through the ring."""
+    if key is not None and config.dropout > 0:
+        raise ValueError(
+            f"gpt: dropout={config.dropout} with context parallelism (axis {axes.context!r}), but ring attention "
+            f"cannot drop attention probabilities; train with dropout=0 or without context parallelism"
+        )
+    idx = jnp.asarray(idx)
+    gpt.check_inputs(params, idx, config, axis_name=axes.model)
+    n = jax.lax.axis_size(axes.context)
+    if n * idx.shape[1] > config.block_size:
+        raise ValueError(
+            f"gpt: {n} devices of context axis {axes.context!r} hold {idx.shape[1]} tokens each, a sequence of "
+            f"{n * idx.shape[1]}, but block_size is only {config.block_size}; crop the input before splitting it"
+        )
+    positions = context.positions(jax.lax.axis_index(axes.context), n, idx.shape[1], zigzag=True)
+    x = embedding.apply(params["wte"], idx, axis_name=axes.model) + embedding.apply(params["wpe"], positions)
+
+    def layer(p, x, key):
+        return _ring_block(p, x, config, axes)
+
+    layer = layer if wrap_block is None else wrap_block(layer)
+    layer = remat_lib.wrap(layer, config.remat, prevent_cse=False)  # inside the scan: no CSE to prevent
+    return layer_norm.apply(params["ln_f"], stack.scan(lambda p, x: layer(p, x, None), params["blocks"], x))
+
+
+def _ring_block(
+    p: Params, x: Float[Array, "batch t d_model"], config: GPTConfig, axes: MeshAxes
+) -> Float[Array, "batch t d_model"]:
+    """`gpt.block` (no dropout) with ring attention over `axes.context` on this device's heads (`axes.model`)."""
+    batch, t, _ = x.shape
+    q, k, v = attention.qkv_heads(p["attn"], layer_norm.apply(p["ln_1"], x), config.attention, axis_name=axes.model)
+    out = ring_attention(q, k, v, axis_name=axes.context, zigzag=True).reshape(batch, t, -1)
+    x = x + linear.apply(p["attn"]["proj"], out, axis_name=axes.model)
+    h = layer_norm.apply(p["ln_2"], x)
+    return x + mlp.apply(p["mlp"], h, activation=config.activation, axis_name=axes.model)
 
 
 def check_shards(params: Params, config: GPTConfig, specs: Params) -> None:

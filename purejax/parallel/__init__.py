@@ -19,7 +19,7 @@ says how to run on several processes and hosts.
 """
 
 from purejax.parallel.fsdp import fsdp_specs, gather, gathered, layer_specs
-from purejax.parallel.mesh import DATA, MODEL, MeshAxes, make_mesh, parse_mesh
+from purejax.parallel.mesh import CONTEXT, DATA, MODEL, MeshAxes, make_mesh, parse_mesh
 from purejax.parallel.show import describe
 from purejax.parallel.specs import (
     check_divisible,
@@ -33,6 +33,7 @@ from purejax.parallel.specs import (
 from purejax.parallel.step import sharded_train_step
 
 __all__ = [
+    "CONTEXT",
     "DATA",
     "MODEL",
     "MeshAxes",

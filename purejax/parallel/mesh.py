@@ -1,4 +1,5 @@
-"""The device mesh: a (data, model) grid of devices, and `MeshAxes`, the names a model runs under.
+"""The device mesh: a (data, model) grid of devices, or (data, context, model) with context parallelism, and
+`MeshAxes`, the names a model runs under.
 
     mesh = make_mesh(dp=4, tp=2)               # 8 devices: 4 data-parallel groups of 2 tensor-parallel ones
     axes = MeshAxes.of(mesh, fsdp=False)       # MeshAxes(data="data", model="model", fsdp=False)
@@ -21,25 +22,30 @@ import numpy as np
 
 DATA = "data"  # the batch is split over this axis (data parallelism; FSDP also splits the params over it)
 MODEL = "model"  # heads, MLP units and the vocabulary are split over this axis (Megatron tensor parallelism)
+CONTEXT = "context"  # the sequence is split over this axis (ring attention, purejax/parallel/ring_attention.py)
 
 
-def make_mesh(dp: int, tp: int, devices: Sequence[Any] | None = None) -> jax.sharding.Mesh:
-    """A (dp, tp) mesh with axes (DATA, MODEL) over `devices` (default: all of them, `jax.devices()`).
+def make_mesh(dp: int, tp: int, devices: Sequence[Any] | None = None, *, cp: int = 1) -> jax.sharding.Mesh:
+    """A (dp, tp) mesh with axes (DATA, MODEL) over `devices` (default: all of them, `jax.devices()`); with
+    `cp` > 1 a (dp, cp, tp) mesh with axes (DATA, CONTEXT, MODEL).
 
     Neighbouring devices share a data group (the model axis varies fastest): on a GPU host they are the ones
-    with the fastest links, and tensor parallelism communicates the most (every block, forward and backward)."""
+    with the fastest links, and tensor parallelism communicates the most (every block, forward and backward);
+    the ring of context parallelism comes next (n-1 block transfers per attention layer)."""
     devices = list(jax.devices() if devices is None else devices)
-    for name, size in (("dp", dp), ("tp", tp)):
+    for name, size in (("dp", dp), ("tp", tp), ("cp", cp)):
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"make_mesh: {name} must be a positive int, got {size!r}")
-    if dp * tp != len(devices):
+    if dp * cp * tp != len(devices):
+        sizes = f"dp={dp} x tp={tp}" + (f" x cp={cp}" if cp > 1 else "")
         raise ValueError(
-            f"make_mesh: dp={dp} x tp={tp} = {dp * tp} devices, but {len(devices)} are given "
-            f"({devices[0].platform if devices else 'none'}); pick dp and tp whose product is {len(devices)}"
+            f"make_mesh: {sizes} = {dp * cp * tp} devices, but {len(devices)} are given "
+            f"({devices[0].platform if devices else 'none'}); pick sizes whose product is {len(devices)}"
             + ("" if len(devices) > 1 else "; on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=8 simulates 8")
         )
-    grid = np.array(devices, dtype=object).reshape(dp, tp)
-    return jax.sharding.Mesh(grid, (DATA, MODEL), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    names, shape = ((DATA, MODEL), (dp, tp)) if cp == 1 else ((DATA, CONTEXT, MODEL), (dp, cp, tp))
+    grid = np.array(devices, dtype=object).reshape(shape)
+    return jax.sharding.Mesh(grid, names, axis_types=(jax.sharding.AxisType.Auto,) * len(names))
 
 
 def parse_mesh(text: str) -> tuple[int, int]:
@@ -64,17 +70,21 @@ class MeshAxes:
         model: the axis heads, MLP units and vocabulary are split over (None: no tensor parallelism).
         fsdp: params (and so optimizer state) are also split over `data` at rest and gathered before use
             (ZeRO-3); needs `data`.
+        context: the axis the sequence is split over (None: no context parallelism); attention runs as a
+            ring over it and the loss is averaged over it too.
     """
 
     data: str | None = None
     model: str | None = None
     fsdp: bool = False
+    context: str | None = None
 
     def __post_init__(self):
         if self.fsdp and self.data is None:
             raise ValueError("MeshAxes: fsdp=True splits params over the data axis, so it needs data=<axis name>")
-        if self.data is not None and self.data == self.model:
-            raise ValueError(f"MeshAxes: data and model must be different mesh axes, both are {self.data!r}")
+        named = [axis for axis in (self.data, self.model, self.context) if axis is not None]
+        if len(set(named)) != len(named):
+            raise ValueError(f"MeshAxes: data, model and context must be different mesh axes, got {named}")
 
     @classmethod
     def of(cls, mesh: jax.sharding.Mesh, *, fsdp: bool = False) -> "MeshAxes":
@@ -88,4 +98,5 @@ class MeshAxes:
         if fsdp and data is None:
             raise ValueError(f"MeshAxes.of: fsdp shards params over the data axis, which has 1 device on this "
                              f"mesh {sizes}; use a mesh with dp >= 2 or fsdp=False")  # fmt: skip
-        return cls(data=data, model=MODEL if sizes[MODEL] > 1 else None, fsdp=fsdp)
+        context = CONTEXT if sizes.get(CONTEXT, 1) > 1 else None
+        return cls(data=data, model=MODEL if sizes[MODEL] > 1 else None, fsdp=fsdp, context=context)

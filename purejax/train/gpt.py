@@ -280,7 +280,8 @@ def train(
     loop.say(f"data: {len(dataset.train):,} train / {len(dataset.val):,} val tokens, vocab {model.vocab_size}; "
              f"{tokens_per_iter:,} tokens per iter; MFU against {peak / 1e9:.0f} GFLOP/s")  # fmt: skip
     if devices.sharded:
-        mesh = f"{devices.dp} x {devices.tp} mesh{' (fsdp)' if devices.fsdp else ''}"
+        cp = f", sequences split over cp={devices.cp}" if devices.cp > 1 else ""
+        mesh = f"{devices.dp} x {devices.tp} mesh{' (fsdp)' if devices.fsdp else ''}{cp}"
         loop.say(f"devices: {mesh} of {jax.device_count()} {jax.devices()[0].platform} devices in "
                  f"{jax.process_count()} process(es)")  # fmt: skip
     if resumed:

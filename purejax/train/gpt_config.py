@@ -81,9 +81,11 @@ class TrainConfig(RunSettings):
     progress: bool = setting(True, "a progress bar on a terminal with tqdm; else a line every log_interval")
     max_bad_steps: int = setting(100, "stop after this many steps in a row with a non-finite loss or gradients "
                                  "(0: never)", at_least=0)  # fmt: skip
-    # devices: a dp x tp mesh (dp * tp devices over all processes), optionally fully sharded
+    # devices: a dp x cp x tp mesh (dp * cp * tp devices over all processes), optionally fully sharded
     dp: int = setting(1, "data-parallel groups (batch_size must divide by dp)", at_least=1)
     tp: int = setting(1, "tensor-parallel devices per group (n_head must divide by tp)", at_least=1)
+    cp: int = setting(1, "context-parallel devices per group: the sequence split over them, attention as a ring "
+                      "(block_size must divide by 2 * cp; no dropout)", at_least=1)  # fmt: skip
     fsdp: bool = setting(False, "also split params and optimizer state over the dp groups")
     # processes: "" / 0 / -1 take what the launcher set (srun, mpirun, purejax.parallel.launch), else one process
     coordinator: str = setting("", "host:port of process 0")
@@ -97,6 +99,16 @@ class TrainConfig(RunSettings):
         if self.optimizer != "adamw" and (self.tp > 1 or self.fsdp):
             raise config_lib.ConfigError(f"optimizer={self.optimizer} preconditions whole matrices, but under --tp or "
                                          "--fsdp a device updates slices of them: use --dp alone or adamw")  # fmt: skip
+        if self.cp > 1 and self.dropout > 0:
+            raise config_lib.ConfigError(
+                f"--cp={self.cp} runs attention as a ring, which cannot drop attention probabilities, but "
+                f"--dropout={self.dropout}: use --dropout=0 or --cp=1"
+            )
+        if self.cp > 1 and self.block_size % (2 * self.cp):
+            raise config_lib.ConfigError(
+                f"--cp={self.cp} gives each device two chunks of the sequence (zig-zag order), so "
+                f"block_size={self.block_size} must divide by 2 * cp = {2 * self.cp}"
+            )
 
     def model_config(self, vocab_size: int) -> gpt.GPTConfig:
         """The model for a tokenizer of `vocab_size` tokens; under tensor parallelism the vocabulary is padded

@@ -1,5 +1,6 @@
-"""Where a training run's arrays live and how its step runs: one device, or a (dp, tp) mesh over the devices
-of one or several processes (docs/parallelism.md, docs/multihost.md).
+"""Where a training run's arrays live and how its step runs: one device, or a (dp, tp) mesh (with context
+parallelism a (dp, cp, tp) one) over the devices of one or several processes (docs/parallelism.md,
+docs/multihost.md).
 
     devices = Devices(dp=2, tp=2, fsdp=False, num_processes=1)
     devices.start()                        # first, before any other JAX call
@@ -12,7 +13,8 @@ of one or several processes (docs/parallelism.md, docs/multihost.md).
 With dp = tp = 1 in one process there is no mesh: the state stays where JAX puts it and the step is the plain
 `jax.jit(train_step)`, exactly the single-device program. Otherwise every process runs the same sharded step
 (`purejax.parallel.sharded_train_step`, which sums the data shards' gradients once per step); the batch is
-split over the data axis and each process reads only the rows its own devices hold.
+split over the data axis and each process reads only the rows its own devices hold. With cp > 1 each row
+is also split over the context axis, in zig-zag order (`put_batch` reorders it; purejax/parallel/context.py).
 """
 
 import dataclasses
@@ -28,7 +30,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from purejax import optim, parallel
-from purejax.parallel import distributed
+from purejax.parallel import context, distributed
 
 PyTree = Any
 CPU_DEVICES_FLAG = "--xla_force_host_platform_device_count"
@@ -37,29 +39,35 @@ CPU_DEVICES_FLAG = "--xla_force_host_platform_device_count"
 @dataclasses.dataclass(frozen=True)
 class Devices:
     """The devices a run uses: `dp` data-parallel groups of `tp` tensor-parallel devices (with `fsdp`, the
-    params and optimizer state also split over the data groups), over `num_processes` processes."""
+    params and optimizer state also split over the data groups), each group `cp` times over for context
+    parallelism (the sequence split over a ring), over `num_processes` processes."""
 
     dp: int = 1
     tp: int = 1
     fsdp: bool = False
     num_processes: int = 1
+    cp: int = 1
 
     def __post_init__(self):
-        for name in ("dp", "tp", "num_processes"):
+        for name in ("dp", "tp", "cp", "num_processes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if self.fsdp and self.dp == 1:
             raise ValueError("fsdp splits the params over the data-parallel devices, so it needs dp > 1")
-        if (self.dp * self.tp) % self.num_processes:
+        if self.n_devices % self.num_processes:
             raise ValueError(
-                f"dp x tp = {self.dp * self.tp} devices cannot be shared evenly by {self.num_processes} processes"
+                f"dp x cp x tp = {self.n_devices} devices cannot be shared evenly by {self.num_processes} processes"
             )
+
+    @property
+    def n_devices(self) -> int:
+        return self.dp * self.cp * self.tp
 
     @property
     def sharded(self) -> bool:
         """False for the plain single-device program."""
-        return self.dp * self.tp > 1 or self.num_processes > 1
+        return self.n_devices > 1 or self.num_processes > 1
 
     def start(self, **initialize_kwargs: Any) -> None:
         """Join the multi-process run (`purejax.parallel.initialize`, a no-op for one process) and, for a CPU
@@ -71,7 +79,7 @@ class Devices:
         CPU the devices share one thread pool, so data parallelism over them does not use the cores any
         better than one device does (docs/benchmarks.md); it is for trying a layout before renting a cluster.
         """
-        local = self.dp * self.tp // self.num_processes
+        local = self.n_devices // self.num_processes
         flags = os.environ.get("XLA_FLAGS", "")
         if self.sharded and CPU_DEVICES_FLAG not in flags:
             os.environ["XLA_FLAGS"] = f"{flags} {CPU_DEVICES_FLAG}={local}".strip()
@@ -79,7 +87,7 @@ class Devices:
 
     @functools.cached_property
     def mesh(self) -> jax.sharding.Mesh:
-        return parallel.make_mesh(self.dp, self.tp)
+        return parallel.make_mesh(self.dp, self.tp, cp=self.cp)
 
     @property
     def axes(self) -> parallel.MeshAxes:
@@ -88,7 +96,9 @@ class Devices:
 
     @property
     def batch_spec(self) -> P:
-        return P(self.axes.data)  # P(None): a 1 x tp mesh gives every device the whole batch
+        """Rows over the data axis, each row's tokens over the context axis; P(None, None): a 1 x tp mesh
+        gives every device the whole batch."""
+        return P(self.axes.data, self.axes.context)
 
     def place(self, state: optim.TrainState, param_specs: PyTree | None) -> tuple[optim.TrainState, PyTree]:
         """The state on the mesh, each leaf split as `state_specs` derives from the params' specs; returns
@@ -125,13 +135,17 @@ class Devices:
                 f"a batch of {global_batch_size} rows cannot be split evenly over dp={self.dp} data-parallel "
                 f"groups; make batch_size a multiple of {self.dp}"
             )
-        return distributed.local_rows(self._batch_sharding, (global_batch_size,))
+        return distributed.local_rows(NamedSharding(self.mesh, P(self.axes.data)), (global_batch_size,))
 
     def put_batch(self, local: PyTree, global_batch_size: int) -> PyTree:
-        """The global batch, as arrays split over the data axis, from this process's rows (`local_rows`).
-        Unsharded: `jax.device_put` to the default device."""
+        """The global batch, as arrays split over the data axis, from this process's rows (`local_rows`); with
+        cp > 1 each row reordered (zig-zag) and split over the context axis. Unsharded: `jax.device_put`."""
         if not self.sharded:
             return jax.device_put(local)
+        if self.cp > 1:  # each device's tokens next to each other: its two zig-zag chunks of every row
+            local = jax.tree.map(
+                lambda x: np.take(x, context.ring_order(np.shape(x)[1], self.cp, zigzag=True), 1), local
+            )
         return distributed.global_batch(local, self._batch_sharding, global_batch_size)
 
     @property
@@ -158,11 +172,11 @@ class Devices:
 
 
 def start_devices(cfg: Any) -> Devices:
-    """Join the multi-process run if there is one and make the dp x tp devices, from a program's settings
-    (`dp`, `tp`, `fsdp`, `coordinator`, `num_processes`, `process_id`); before any other JAX call."""
+    """Join the multi-process run if there is one and make the dp x cp x tp devices, from a program's settings
+    (`dp`, `tp`, `cp`, `fsdp`, `coordinator`, `num_processes`, `process_id`); before any other JAX call."""
     num_processes = cfg.num_processes or distributed.launched_process_count()  # also srun's or mpirun's count
     try:
-        devices = Devices(dp=cfg.dp, tp=cfg.tp, fsdp=cfg.fsdp, num_processes=num_processes)
+        devices = Devices(dp=cfg.dp, tp=cfg.tp, fsdp=cfg.fsdp, num_processes=num_processes, cp=cfg.cp)
         devices.start(coordinator_address=cfg.coordinator or None, num_processes=cfg.num_processes or None,
                       process_id=None if cfg.process_id < 0 else cfg.process_id)  # fmt: skip
         if jax.process_count() != num_processes:  # a Cloud TPU pod's runtime joins its workers by itself
