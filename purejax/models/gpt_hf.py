@@ -190,15 +190,9 @@ def to_hf(params: gpt.Params, config: gpt.GPTConfig, *, prefix: str = PREFIX) ->
 def load(directory: str | os.PathLike, *, dtype: Any = jnp.float32) -> tuple[gpt.Params, gpt.GPTConfig]:
     """(params, config) from a Hugging Face GPT-2 directory: config.json and model.safetensors, or shards
     listed in model.safetensors.index.json. Nothing is downloaded and no pickle is read."""
-    directory = Path(directory)
-    config_file = directory / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"{config_file} not found: a Hugging Face model directory has a config.json")
-    config = config_from_hf(json.loads(config_file.read_text()), source=str(config_file))
-    convert = "transformers (model.save_pretrained(dir, safe_serialization=True))"
-    tensors = safetensors.load_pretrained(
-        directory, "model.safetensors", pickle_file="pytorch_model.bin", how_to_convert=convert
-    )
+    hf, source = hf_table.read_config(directory)
+    config = config_from_hf(hf, source=source)
+    tensors = hf_table.read_weights(directory)
     return from_hf(tensors, config, dtype=dtype, source=str(directory)), config
 
 

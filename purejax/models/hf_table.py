@@ -16,13 +16,17 @@ once and must work on any leading axes. Reading the table both ways is all there
 `jax.eval_shape`, so the list of tensors a file must hold is derived from the same rows and cannot drift.
 """
 
+import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
+from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 import jax
 import numpy as np
 
+from purejax import safetensors
 from purejax import tree as tree_lib
 
 Params = dict[str, Any]
@@ -80,3 +84,20 @@ def from_tensors(
 
     flat = {path: convert(transform.from_hf([gather(n) for n in names], config)) for names, path, transform in table}
     return tree_lib.unflatten(flat)
+
+
+def read_config(directory: str | os.PathLike) -> tuple[dict[str, Any], str]:
+    """(config.json's contents, its path for error messages) of a Hugging Face model directory, read before
+    the weights so that an unsupported config fails before gigabytes are read."""
+    config_file = Path(directory) / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{config_file} not found: a Hugging Face model directory has a config.json")
+    return json.loads(config_file.read_text()), str(config_file)
+
+
+def read_weights(directory: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The tensors of a Hugging Face directory's model.safetensors, or of the shards its index lists; a
+    directory with only a pickled pytorch_model.bin gets an error saying how to convert it (never unpickled)."""
+    convert = "transformers (model.save_pretrained(dir, safe_serialization=True))"
+    return safetensors.load_pretrained(directory, "model.safetensors", pickle_file="pytorch_model.bin",
+                                       how_to_convert=convert)  # fmt: skip

@@ -38,7 +38,7 @@ import numpy as np
 
 from purejax import safetensors
 from purejax import tree as tree_lib
-from purejax.models import llama
+from purejax.models import hf_table, llama
 from purejax.models.hf_table import LINEAR, SAME, Transform, expected_shapes, from_tensors, to_tensors
 from purejax.nn import attention, rotary
 
@@ -209,15 +209,9 @@ def to_hf(params: llama.Params, config: llama.LlamaConfig) -> dict[str, np.ndarr
 def load(directory: str | os.PathLike, *, dtype: Any = jnp.float32) -> tuple[llama.Params, llama.LlamaConfig]:
     """(params, config) from a Hugging Face Llama directory: config.json and model.safetensors, or the shards
     model.safetensors.index.json lists. Nothing is downloaded and no pickle is read."""
-    directory = Path(directory)
-    config_file = directory / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"{config_file} not found: a Hugging Face model directory has a config.json")
-    config = config_from_hf(json.loads(config_file.read_text()), source=str(config_file))
-    convert = "transformers (model.save_pretrained(dir, safe_serialization=True))"
-    tensors = safetensors.load_pretrained(
-        directory, WEIGHTS_FILE, pickle_file="pytorch_model.bin", how_to_convert=convert
-    )
+    hf, source = hf_table.read_config(directory)
+    config = config_from_hf(hf, source=source)
+    tensors = hf_table.read_weights(directory)
     return from_hf(tensors, config, dtype=dtype, source=str(directory)), config
 
 

@@ -209,7 +209,8 @@ def compile_step(cfg: TrainConfig, model: gpt.GPTConfig, devices: Devices, state
     """(the training step `(state, batch) -> (state, metrics)`, the loss `(params, x, y) -> loss`) on the
     devices, in the policy's compute dtype; compiled on first use."""
     policy = Policy(jnp.float32, cfg.dtype, jnp.float32)
-    step_kwargs = dict(loss_fn=make_loss_fn(model, policy, devices.axes), optimizer=make_optimizer(cfg),
+    optimizer = make_optimizer(cfg, devices.axes.data)  # the data axis: Shampoo shares its roots over it
+    step_kwargs = dict(loss_fn=make_loss_fn(model, policy, devices.axes), optimizer=optimizer,
                        max_grad_norm=cfg.grad_clip or None, micro_batches=cfg.gradient_accumulation_steps)  # fmt: skip
     if not cfg.compile and devices.sharded:
         raise SystemExit("error: --compile=False (op by op, for debugging) runs on one device; drop --dp/--tp/--fsdp")

@@ -127,11 +127,13 @@ decays = optim.ndim_at_least(2, stacked=("blocks",))
 LayerNorm scales; counted per layer, so the stacked blocks' leading layer axis does not count."""
 
 
-def make_optimizer(cfg: TrainConfig) -> optim.GradientTransformation:
+def make_optimizer(cfg: TrainConfig, data_axis: str | None = None) -> optim.GradientTransformation:
     """`cfg.optimizer` with weight decay where `decays` says, driven by nanoGPT's warmup + cosine schedule (or a
     constant rate): AdamW; Shampoo, its step size grafted from Adam's, each layer of the stacked blocks with
     its own statistics; or Muon on the blocks' matrices and AdamW on the rest (the embeddings, which are also
-    the head, the biases and norms: Keller Jordan's split), its update scaled to AdamW's RMS (`muon_rms`)."""
+    the head, the biases and norms: Keller Jordan's split), its update scaled to AdamW's RMS (`muon_rms`).
+    Inside the data-parallel step, `data_axis` shares Shampoo's inverse roots out over the data shards (each
+    computes its share, one all-gather joins them) instead of every shard computing all of them."""
     if cfg.decay_lr:
         lr = optim.schedules.warmup_cosine(cfg.learning_rate, cfg.warmup_iters, cfg.lr_decay_iters, cfg.min_lr)
     else:
@@ -139,7 +141,8 @@ def make_optimizer(cfg: TrainConfig) -> optim.GradientTransformation:
     if cfg.optimizer == "shampoo":
         return optim.shampoo(lr, cfg.shampoo_block_size, b1=cfg.beta1, b2=cfg.beta2, stacked=("blocks",),
                              precondition_every=cfg.shampoo_precondition_every,
-                             start_preconditioning_step=cfg.shampoo_start, weight_decay=cfg.weight_decay,
+                             start_preconditioning_step=cfg.shampoo_start, axis_name=data_axis,
+                             weight_decay=cfg.weight_decay,
                              mask=decays)  # fmt: skip
     if cfg.optimizer == "muon":
         matrices = optim.matrix_leaves(stacked=("blocks",), exclude=("wte", "wpe"))
