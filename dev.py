@@ -5,7 +5,7 @@ installs the project with its extras into it; later runs reuse it, and reinstall
 changes. Nothing outside `.venv/` is touched.
 
     python3 dev.py demo [ARGS...]    train the default GPT, then sample from it (ARGS go to purejax.train.gpt)
-    python3 dev.py test [ARGS...]    run the whole test suite (ARGS go to pytest)
+    python3 dev.py test [ARGS...]    run the whole test suite, a worker per core (ARGS go to pytest)
     python3 dev.py bench [NAME]      run a benchmark from bench/ (installs the bench extra)
     python3 dev.py docs [ARGS...]    build the documentation site into build/site/, strict (installs the docs extra)
     python3 dev.py docs serve        serve it at http://127.0.0.1:8000, rebuilt on every edit
@@ -67,6 +67,16 @@ def demo(args: list[str]) -> int:
                                                            "--num_samples=1"])  # fmt: skip
 
 
+def test_workers(args: list[str]) -> list[str]:
+    """pytest-xdist's options for the suite: one worker per core (at most 4), each test file whole on one
+    worker (`loadfile`: a file's module fixtures, such as the 8-device child runs, are made once). Most of the
+    suite's time is XLA compiling on one thread, so two cores halve it. None when `args` choose for themselves
+    (`-n 0` runs in this process, for a debugger)."""
+    if any(a == "-n" or a.startswith(("-n", "--numprocesses", "--dist")) for a in args):
+        return []
+    return ["-n", str(min(4, os.cpu_count() or 1)), "--dist", "loadfile"]
+
+
 def docs(args: list[str]) -> int:
     """`mkdocs build --strict` (mkdocs.yml): a broken link, a page missing from the nav or a docstring that does
     not render fails the build. `serve` instead serves the site and rebuilds it as the pages change."""
@@ -83,7 +93,7 @@ def main(argv: list[str]) -> int:
         return demo(rest)
     if command == "test":
         ensure_venv("test,examples")
-        return run(["-m", "pytest", *rest])
+        return run(["-m", "pytest", *test_workers(rest), *rest])
     if command == "bench":
         ensure_venv("test,examples,bench")
         name = rest[0] if rest else "nn"
