@@ -204,12 +204,15 @@ def build(cls: type[T], values: dict[str, Any]) -> T:
 
 
 def parse_args(cls: type[T], argv: list[str], *, default_preset: str | None = None) -> T:
-    """Build `cls` from `--config=<preset>` (or `default_preset`) and `--key=value` overrides."""
+    """Build `cls` from `--config=<preset>` (or `default_preset`) and `--key=value` overrides; a bool setting
+    may be given bare, `--sp` for `--sp=true`."""
     values: dict[str, Any] = {}
     overrides: list[tuple[str, str]] = []
     preset = default_preset
     hints = typing.get_type_hints(cls)
     for i, arg in enumerate(argv):
+        if arg.startswith("--") and "=" not in arg and hints.get(arg[2:]) is bool:
+            arg = f"{arg}=true"
         if not arg.startswith("--") or "=" not in arg:
             hint = f"; write {arg}={argv[i + 1]}" if arg.startswith("--") and i + 1 < len(argv) else ""
             raise ConfigError(f"arguments look like --key=value, got {arg!r}{hint} (--help lists the settings)")

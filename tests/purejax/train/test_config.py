@@ -99,6 +99,18 @@ def test_ranges_hints_and_optional_values():
     assert not math.isnan(Settings().rate)
 
 
+def test_a_bool_setting_may_be_given_bare():
+    @dataclass(frozen=True)
+    class Settings:
+        sp: bool = setting(False, "a switch")
+        count: int = setting(1, "a count")
+
+    assert config_lib.parse_args(Settings, ["--sp"]).sp is True
+    assert config_lib.parse_args(Settings, ["--sp=false"]).sp is False
+    with pytest.raises(ConfigError, match=re.escape("write --count=3")):  # only bools go bare
+        config_lib.parse_args(Settings, ["--count", "3"])
+
+
 @pytest.mark.parametrize("cls, preset", [(gpt.TrainConfig, "gpt_cpu"), (sample.SampleConfig, None)])
 def test_train_gpt_md_lists_every_setting_as_generated_from_the_dataclass(cls, preset):
     """docs/train-gpt.md, which the README calls the list of all training flags, holds the very table the
