@@ -13,9 +13,8 @@ range-checked against the dataclass. Every program in `purejax.train` is configu
     cfg = parse_args(Settings, ["--config=my.toml", "--steps=200"])
 
 Precedence: the dataclass defaults, then the preset, then the overrides. An unknown key (listing the valid ones),
-a value of the wrong type, out of range or refused by its `check` is a one-line error naming the key. `--help`
-and docs/train-gpt.md's table (a test compares) come from the dataclass; nanoGPT `exec`s Python files instead.
-"""
+a value of the wrong type, out of range or refused by its `check` is a one-line error naming the key. `--help` and
+docs/train-gpt.md's table (a test compares) come from the dataclass; nanoGPT `exec`s Python files instead."""
 
 import dataclasses
 import importlib
@@ -204,8 +203,7 @@ def build(cls: type[T], values: dict[str, Any]) -> T:
 
 
 def parse_args(cls: type[T], argv: list[str], *, default_preset: str | None = None) -> T:
-    """Build `cls` from `--config=<preset>` (or `default_preset`) and `--key=value` overrides; a bool setting
-    may be given bare, `--sp` for `--sp=true`."""
+    """Build `cls` from `--config=<preset>` (or `default_preset`) and `--key=value` overrides (`--sp`: `--sp=true`)."""
     values: dict[str, Any] = {}
     overrides: list[tuple[str, str]] = []
     preset = default_preset
