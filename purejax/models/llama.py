@@ -168,7 +168,7 @@ def self_attention(
     q, k, v = rotary_qkv(params, x, positions, config, axis_name=axis_name)
     batch, seq, n_head, _ = q.shape
     causal = attention.combine_masks(None, config.attention, n_head, jnp.arange(seq), jnp.arange(seq), batch=batch)
-    out = attention.attend(q, k, v, causal, config.attention, axis_name=axis_name)
+    out = attention.attend(q, k, v, causal, config.attention, axis_name=axis_name, is_causal=config.attention.causal)
     return linear.apply(params["proj"], out.reshape(batch, seq, -1), axis_name=axis_name)
 
 
