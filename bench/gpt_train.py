@@ -1,9 +1,11 @@
-"""One GPT training step, purejax against the same model written in raw JAX, Flax NNX, Equinox and PyTorch.
+"""One GPT training step, purejax against the same model in raw JAX, Flax NNX, Equinox, Haiku and PyTorch.
 
     python -m bench.gpt_train [--configs tiny,baby,small] [--repeats N] [--peers purejax,raw,nnx,...]
+    python -m bench.gpt_train --configs gpt2       # GPT-2 124M on a GPU: bfloat16, MFU against the chip's peak
 
 The step is nanoGPT's: forward, backward, global-norm gradient clipping at 1.0, then AdamW (betas 0.9/0.99,
-weight decay 0.1 on tensors with ndim >= 2 only, warmup + cosine learning rate), float32, no dropout, on
+weight decay 0.1 on tensors with ndim >= 2 only, warmup + cosine learning rate), no dropout, in `--dtype`
+("auto": float32 on a CPU, bfloat16 compute with float32 weights and optimizer state on a GPU or TPU), on
 nanoGPT's architecture with bias=False (learned positions, pre-LayerNorm blocks, fused qkv causal attention,
 4x MLP with exact GELU, final LayerNorm, weight-tied head). Every contender is built from the SAME initial
 weights (purejax's `gpt.init`, copied into each framework's modules) and fed the same batch, so before any
@@ -20,12 +22,19 @@ Contenders (`--peers`, default all but raw-scan):
     nnx-tree       the same with `graph=False` (NNX's tree mode: Modules handled as plain pytrees)
     nnx-split      the same model, `nnx.split` once, then a functional `jax.jit` step that merges inside
     equinox        eqx.Module GPT (one sequence at a time, vmapped over the batch), optax, `eqx.filter_jit`
-    torch          PyTorch eager (torch.set_num_threads(2)), torch.optim.AdamW defaults, clip_grad_norm_
+    haiku          dm-haiku modules (hk.transform, a Python loop over blocks), optax, `jax.jit` with the
+                   params and optimizer state donated (bench/gpt_train_haiku.py)
+    torch          PyTorch eager (torch.set_num_threads(2)), torch.optim.AdamW defaults (fused on CUDA),
+                   clip_grad_norm_; on the GPU when JAX runs on one, bfloat16 under torch.autocast
     torch-compile  the same with the model under torch.compile (the optimizer step stays eager)
 
+In bfloat16 every contender computes in bfloat16 and keeps float32 weights and optimizer state; the JAX peers
+ask `jax.nn.dot_product_attention` for cuDNN on a GPU (`causal_attention`) as purejax's "auto" does.
+
 For each config and contender: the median step time (interleaved samples, bench/timing.py), tokens/s, the
-time relative to purejax's, and MFU as a fraction of this machine's measured float32 matmul rate
-(`purejax.train.run.measure_matmul_flops`, nanoGPT's FLOPs-per-token estimate). "first s" is the first call:
+time relative to purejax's, and MFU (nanoGPT's FLOPs-per-token estimate) as a fraction of the accelerator's
+dense bfloat16 peak (`purejax.train.run.PEAK_BF16_FLOPS`, by device kind) or, on a CPU, of this machine's
+measured float32 matmul rate (`purejax.train.run.measure_matmul_flops`). "first s" is the first call:
 tracing and compilation included. A markdown table is printed at the end.
 """
 
@@ -45,11 +54,13 @@ import numpy as np
 # whenever another process holds a core, a tiny-config torch step then takes 50-700 ms instead of about 5.
 # PASSIVE (threads sleep at barriers) avoids that. Set before torch loads libgomp; an explicit setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# On a GPU, JAX would take 75% of its memory at the first op, leaving torch's peers too little: allocate on demand.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 from bench.timing import interleaved_medians
 from purejax import optim
 from purejax.models import gpt, gpt_hf
-from purejax.precision import Policy
+from purejax.precision import Policy, resolve_compute_dtype
 from purejax.train import gpt as train_gpt
 from purejax.train import run
 
@@ -67,18 +78,19 @@ class Case:
     sample_seconds: float | None  # per sample; None: one step per sample
 
 
-def _config(n_layer, n_head, n_embd, block_size) -> gpt.GPTConfig:
-    return gpt.GPTConfig(block_size=block_size, vocab_size=65, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
-                         dropout=0.0, bias=False)  # fmt: skip
+def _config(n_layer, n_head, n_embd, block_size, vocab_size=65) -> gpt.GPTConfig:
+    return gpt.GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
+                         n_embd=n_embd, dropout=0.0, bias=False)  # fmt: skip
 
 
 CASES = {
     "tiny": Case(_config(2, 2, 32, 32), batch=8, repeats=9, sample_seconds=0.1),  # dispatch-bound
     "baby": Case(_config(4, 4, 128, 64), batch=12, repeats=7, sample_seconds=0.25),  # nanoGPT's CPU config
     "small": Case(_config(6, 6, 384, 256), batch=4, repeats=3, sample_seconds=None),  # shakespeare-char shaped
-    "gpt2": Case(_config(12, 12, 768, 1024), batch=8, repeats=5, sample_seconds=None),  # GPT-2 124M shaped; GPUs
+    # GPT-2 124M (GPT-2's vocabulary padded to 50304, nanoGPT's; no biases): for a GPU
+    "gpt2": Case(_config(12, 12, 768, 1024, vocab_size=50304), batch=16, repeats=5, sample_seconds=1.0),
 }
-PEERS = ("purejax", "purejax-loop", "raw", "raw-scan", "nnx", "nnx-tree", "nnx-split", "equinox", "torch",
+PEERS = ("purejax", "purejax-loop", "raw", "raw-scan", "nnx", "nnx-tree", "nnx-split", "equinox", "haiku", "torch",
          "torch-compile")  # fmt: skip
 DEFAULT_PEERS = tuple(p for p in PEERS if p != "raw-scan")  # raw-scan on request: it keeps the run under 6 minutes
 
@@ -106,20 +118,33 @@ def optax_adamw():
     )
 
 
+def causal_attention(q, k, v):
+    """The JAX peers' attention: `jax.nn.dot_product_attention`, asking for cuDNN's flash attention on a GPU in
+    bfloat16/float16 (what purejax's attention_impl="auto" does there), XLA's otherwise."""
+    cudnn = jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16)
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn" if cudnn else None)
+
+
+def to_compute(tree, dtype):
+    """The floating arrays of `tree` in the compute dtype (the peers' mixed precision: float32 weights kept)."""
+    floating = lambda a: hasattr(a, "dtype") and jnp.issubdtype(a.dtype, jnp.floating)  # noqa: E731
+    return jax.tree.map(lambda a: a.astype(dtype) if floating(a) else a, tree)
+
+
 # Every `make_*` below takes the initial weights (purejax's layout, as numpy arrays), the config and the batch
-# (numpy), and returns `step()`: one training step on that batch, returning the loss before the update. The
-# step keeps its own training state in a closure, as a training loop would.
+# (numpy), and `dtype`, the compute dtype, and returns `step()`: one training step on that batch, returning the
+# loss before the update. The step keeps its own training state in a closure, as a training loop would.
 
 
 # ---------------------------------------------------------------- purejax
 
 
-def make_purejax(weights, config, x, y, layers="scan", *, optimizer=None, donate=True):
+def make_purejax(weights, config, x, y, layers="scan", *, optimizer=None, donate=True, dtype="float32"):
     """The step of purejax/train/gpt.py: optim.train_step with make_optimizer and make_loss_fn, jitted, state donated.
     `optimizer` and `donate` let bench/gpt_anatomy.py time variants of the same step."""
     model = dataclasses.replace(config, layers=layers)
     optimizer = optimizer or train_gpt.make_optimizer(TRAIN)
-    loss_fn = train_gpt.make_loss_fn(model, Policy(jnp.float32, "float32", jnp.float32))
+    loss_fn = train_gpt.make_loss_fn(model, Policy(jnp.float32, dtype, jnp.float32))
     step_fn = partial(optim.train_step, loss_fn=loss_fn, optimizer=optimizer, max_grad_norm=GRAD_CLIP)
     step_fn = jax.jit(step_fn, donate_argnums=0 if donate else ())
     state = optim.init_train_state(jax.tree.map(jnp.array, weights), optimizer, jax.random.key(0))
@@ -150,34 +175,36 @@ def raw_weights(weights, config, stacked: bool):
 
 
 def raw_layer_norm(scale, x):
-    mean = x.mean(-1, keepdims=True)
-    var = jnp.square(x - mean).mean(-1, keepdims=True)
-    return (x - mean) * jax.lax.rsqrt(var + 1e-5) * scale
+    """LayerNorm without bias, its statistics in float32 whatever the compute dtype (as purejax's)."""
+    h = x.astype(jnp.float32)
+    mean = h.mean(-1, keepdims=True)
+    var = jnp.square(h - mean).mean(-1, keepdims=True)
+    return ((h - mean) * jax.lax.rsqrt(var + 1e-5)).astype(x.dtype) * scale
 
 
 def raw_block(p, x, n_head):
     b, t, d = x.shape
     q, k, v = jnp.split(raw_layer_norm(p["ln_1"], x) @ p["qkv"], 3, axis=-1)
     heads = lambda a: a.reshape(b, t, n_head, d // n_head)  # noqa: E731
-    x = x + jax.nn.dot_product_attention(heads(q), heads(k), heads(v), is_causal=True).reshape(b, t, d) @ p["attn_proj"]
+    x = x + causal_attention(heads(q), heads(k), heads(v)).reshape(b, t, d) @ p["attn_proj"]
     return x + jax.nn.gelu(raw_layer_norm(p["ln_2"], x) @ p["fc"], approximate=False) @ p["mlp_proj"]
 
 
-def raw_loss(params, x, y, n_head, stacked):
+def raw_loss(params, x, y, n_head, stacked, dtype="float32"):
+    params = to_compute(params, dtype)
     h = params["wte"][x] + params["wpe"][: x.shape[1]]
     if stacked:
         h, _ = jax.lax.scan(lambda h, p: (raw_block(p, h, n_head), None), h, params["blocks"])
     else:
         for p in params["blocks"]:
             h = raw_block(p, h, n_head)
-    logits = raw_layer_norm(params["ln_f"], h) @ params["wte"].T
-    return -jnp.take_along_axis(jax.nn.log_softmax(logits), y[..., None], axis=-1).mean()
+    return xent(raw_layer_norm(params["ln_f"], h) @ params["wte"].T, y)
 
 
-def raw_train_step(state, x, y, n_head, stacked):
+def raw_train_step(state, x, y, n_head, stacked, dtype="float32"):
     """value_and_grad, clip to global norm 1, AdamW with decay on ndim >= 2 (per layer), nanoGPT's lr."""
     params, mu, nu, it = state
-    loss, grads = jax.value_and_grad(raw_loss)(params, x, y, n_head, stacked)
+    loss, grads = jax.value_and_grad(raw_loss)(params, x, y, n_head, stacked, dtype)
     norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
     clip = jnp.minimum(1.0, GRAD_CLIP / norm)
     b1, b2, lr, t = TRAIN.beta1, TRAIN.beta2, nanogpt_lr(it, jnp), it + 1
@@ -194,11 +221,11 @@ def raw_train_step(state, x, y, n_head, stacked):
     return (params, mu, nu, it + 1), loss
 
 
-def make_raw(weights, config, x, y, stacked=False):
+def make_raw(weights, config, x, y, stacked=False, dtype="float32"):
     params = jax.tree.map(jnp.array, raw_weights(weights, config, stacked))
     zeros = lambda: jax.tree.map(jnp.zeros_like, params)  # noqa: E731
     state = (params, zeros(), zeros(), jnp.zeros((), jnp.int32))  # params, Adam's mu and nu, steps taken
-    step_fn = jax.jit(partial(raw_train_step, n_head=config.n_head, stacked=stacked), donate_argnums=0)
+    step_fn = jax.jit(partial(raw_train_step, n_head=config.n_head, stacked=stacked, dtype=dtype), donate_argnums=0)
     x, y = jnp.asarray(x), jnp.asarray(y)
 
     def step():
@@ -212,31 +239,34 @@ def make_raw(weights, config, x, y, stacked=False):
 # ---------------------------------------------------------------- Flax NNX
 
 
-def nnx_model(weights, config):
+def nnx_model(weights, config, dtype="float32"):
+    """Flax NNX modules computing in `dtype` with float32 params (flax's `dtype` and `param_dtype`)."""
     from flax import nnx
+
+    kw = {"dtype": jnp.dtype(dtype), "param_dtype": jnp.float32}
 
     class Block(nnx.Module):
         def __init__(self, d, n_head, rngs):
             self.n_head = n_head
-            self.ln_1 = nnx.LayerNorm(d, epsilon=1e-5, use_bias=False, rngs=rngs)
-            self.qkv = nnx.Linear(d, 3 * d, use_bias=False, rngs=rngs)
-            self.attn_proj = nnx.Linear(d, d, use_bias=False, rngs=rngs)
-            self.ln_2 = nnx.LayerNorm(d, epsilon=1e-5, use_bias=False, rngs=rngs)
-            self.fc = nnx.Linear(d, 4 * d, use_bias=False, rngs=rngs)
-            self.mlp_proj = nnx.Linear(4 * d, d, use_bias=False, rngs=rngs)
+            self.ln_1 = nnx.LayerNorm(d, epsilon=1e-5, use_bias=False, rngs=rngs, **kw)
+            self.qkv = nnx.Linear(d, 3 * d, use_bias=False, rngs=rngs, **kw)
+            self.attn_proj = nnx.Linear(d, d, use_bias=False, rngs=rngs, **kw)
+            self.ln_2 = nnx.LayerNorm(d, epsilon=1e-5, use_bias=False, rngs=rngs, **kw)
+            self.fc = nnx.Linear(d, 4 * d, use_bias=False, rngs=rngs, **kw)
+            self.mlp_proj = nnx.Linear(4 * d, d, use_bias=False, rngs=rngs, **kw)
 
         def __call__(self, x):
             b, t, d = x.shape
             q, k, v = (a.reshape(b, t, self.n_head, d // self.n_head) for a in jnp.split(self.qkv(self.ln_1(x)), 3, -1))
-            x = x + self.attn_proj(jax.nn.dot_product_attention(q, k, v, is_causal=True).reshape(b, t, d))
+            x = x + self.attn_proj(causal_attention(q, k, v).reshape(b, t, d))
             return x + self.mlp_proj(jax.nn.gelu(self.fc(self.ln_2(x)), approximate=False))
 
     class GPT(nnx.Module):
         def __init__(self, c, rngs):
-            self.wte = nnx.Embed(c.vocab_size, c.n_embd, rngs=rngs)
-            self.wpe = nnx.Embed(c.block_size, c.n_embd, rngs=rngs)
+            self.wte = nnx.Embed(c.vocab_size, c.n_embd, rngs=rngs, **kw)
+            self.wpe = nnx.Embed(c.block_size, c.n_embd, rngs=rngs, **kw)
             self.blocks = nnx.List([Block(c.n_embd, c.n_head, rngs) for _ in range(c.n_layer)])
-            self.ln_f = nnx.LayerNorm(c.n_embd, epsilon=1e-5, use_bias=False, rngs=rngs)
+            self.ln_f = nnx.LayerNorm(c.n_embd, epsilon=1e-5, use_bias=False, rngs=rngs, **kw)
 
         def __call__(self, idx):
             x = self.wte(idx) + self.wpe(jnp.arange(idx.shape[1]))
@@ -256,15 +286,17 @@ def nnx_model(weights, config):
 
 
 def xent(logits, y):
+    """Mean cross-entropy, the softmax in float32 whatever the logits' dtype (as purejax's loss)."""
+    logits = logits.astype(jnp.float32)
     return -jnp.take_along_axis(jax.nn.log_softmax(logits), y[..., None], axis=-1).mean()
 
 
-def make_nnx(weights, config, x, y, mode="graph"):
+def make_nnx(weights, config, x, y, mode="graph", dtype="float32"):
     """mode "graph": nnx.jit; "tree": nnx.jit(graph=False); "split": nnx.split once, jax.jit + nnx.merge."""
     from flax import nnx
 
     graph = mode != "tree"
-    model = nnx_model(weights, config)
+    model = nnx_model(weights, config, dtype)
     optimizer = nnx.Optimizer(model, optax_adamw(), wrt=nnx.Param)
     x, y = jnp.asarray(x), jnp.asarray(y)
 
@@ -320,7 +352,7 @@ def equinox_model(weights, config):
             t, d = x.shape
             qkv = jnp.split(jax.vmap(self.qkv)(jax.vmap(self.ln_1)(x)), 3, -1)
             q, k, v = (a.reshape(t, self.n_head, d // self.n_head) for a in qkv)
-            x = x + jax.vmap(self.attn_proj)(jax.nn.dot_product_attention(q, k, v, is_causal=True).reshape(t, d))
+            x = x + jax.vmap(self.attn_proj)(causal_attention(q, k, v).reshape(t, d))
             h = jax.nn.gelu(jax.vmap(self.fc)(jax.vmap(self.ln_2)(x)), approximate=False)
             return x + jax.vmap(self.mlp_proj)(h)
 
@@ -354,7 +386,7 @@ def equinox_model(weights, config):
     return eqx.tree_at(where, model, [jnp.array(a) for a in new])
 
 
-def make_equinox(weights, config, x, y):
+def make_equinox(weights, config, x, y, dtype="float32"):
     import equinox as eqx
 
     tx = optax_adamw()
@@ -363,7 +395,10 @@ def make_equinox(weights, config, x, y):
 
     @partial(eqx.filter_jit, donate="all-except-first")
     def train_step(batch, model, opt_state):
-        loss, grads = eqx.filter_value_and_grad(lambda m: xent(jax.vmap(m)(batch[0]), batch[1]))(model)
+        def loss_fn(model):  # in bfloat16: the model cast inside the loss, the gradients float32
+            return xent(jax.vmap(to_compute(model, dtype))(batch[0]), batch[1])
+
+        loss, grads = eqx.filter_value_and_grad(loss_fn)(model)
         updates, opt_state = tx.update(grads, opt_state, eqx.filter(model, eqx.is_array))
         return eqx.apply_updates(model, updates), opt_state, loss
 
@@ -427,27 +462,35 @@ def torch_model(weights, config):
     return model
 
 
-def make_torch(weights, config, x, y, compile=False):
+def make_torch(weights, config, x, y, compile=False, dtype="float32"):
     """nanoGPT's train.py loop body: set the lr, loss.backward(), clip_grad_norm_, AdamW step. On the GPU when
-    JAX runs on one (then each step ends with a synchronize, so the timer sees the GPU's work)."""
+    JAX runs on one (then each step ends with a synchronize, so the timer sees the GPU's work), with nanoGPT's
+    GPU settings: fused AdamW, and bfloat16 under torch.autocast when `dtype` is bfloat16."""
+    import contextlib
+
     import torch
 
     torch.set_num_threads(2)
-    device = "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+    if jax.default_backend() == "gpu" and not torch.cuda.is_available():
+        raise RuntimeError("JAX runs on a GPU but this torch has no CUDA: install a CUDA build of torch")
+    device = "cuda" if jax.default_backend() == "gpu" else "cpu"
     model = torch_model(weights, config).to(device)
     params = list(model.parameters())
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": TRAIN.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]  # fmt: skip
-    opt = torch.optim.AdamW(groups, lr=TRAIN.learning_rate, betas=(TRAIN.beta1, TRAIN.beta2))
+    opt = torch.optim.AdamW(groups, lr=TRAIN.learning_rate, betas=(TRAIN.beta1, TRAIN.beta2), fused=device == "cuda")
     forward = torch.compile(model) if compile else model
     x, y = (torch.from_numpy(np.asarray(a, np.int64)).to(device) for a in (x, y))
+    autocast = lambda: (torch.autocast(device, dtype=getattr(torch, dtype)) if dtype != "float32"  # noqa: E731
+                        else contextlib.nullcontext())  # fmt: skip
     it = 0
 
     def step():
         nonlocal it
         for group in opt.param_groups:
             group["lr"] = float(nanogpt_lr(it))
-        loss = forward(x, y)
+        with autocast():
+            loss = forward(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, GRAD_CLIP)
         opt.step()
@@ -460,6 +503,13 @@ def make_torch(weights, config, x, y, compile=False):
     return step
 
 
+def make_haiku(weights, config, x, y, dtype="float32"):
+    """The Haiku peer, from bench/gpt_train_haiku.py (imported here: it builds on this module's pieces)."""
+    from bench import gpt_train_haiku
+
+    return gpt_train_haiku.make_haiku(weights, config, x, y, dtype=dtype)
+
+
 MAKERS = {
     "purejax": make_purejax,
     "purejax-loop": partial(make_purejax, layers="loop"),
@@ -469,6 +519,7 @@ MAKERS = {
     "nnx-tree": partial(make_nnx, mode="tree"),
     "nnx-split": partial(make_nnx, mode="split"),
     "equinox": make_equinox,
+    "haiku": make_haiku,
     "torch": make_torch,
     "torch-compile": partial(make_torch, compile=True),
 }
@@ -477,7 +528,7 @@ MAKERS = {
 # ---------------------------------------------------------------- the run
 
 
-def run_case(name, case, peers, repeats):
+def run_case(name, case, peers, repeats, dtype="float32"):
     """Build every contender, check that their first two losses agree, time them interleaved. Returns per peer
     (median step seconds, first call seconds), or the error message of a peer that could not run."""
     config = case.model
@@ -491,7 +542,7 @@ def run_case(name, case, peers, repeats):
     for peer in peers:
         try:
             start = time.perf_counter()
-            step = MAKERS[peer](weights, config, x, y)
+            step = MAKERS[peer](weights, config, x, y, dtype=dtype)
             loss0 = float(step())  # the initial weights' loss; tracing and compilation happen here
             first[peer] = time.perf_counter() - start
             losses[peer] = (loss0, float(step()))  # after one identical update
@@ -503,14 +554,17 @@ def run_case(name, case, peers, repeats):
             traceback.print_exc(limit=3)
 
     reference = losses.get("purejax") or next(iter(losses.values()))
+    # Same weights and batch: in float32 the first losses agree to float32 rounding; after one AdamW step (lr
+    # ~1e-5, the update about lr * sign(g)) the peers' different clipping and epsilon placement stay far below
+    # 1e-4. In bfloat16 (8 bits of mantissa) each framework rounds in other places: 1% is what is checked.
+    rtol = (1e-5, 1e-4) if dtype == "float32" else (1e-2, 1e-2)
     for peer, (loss0, loss1) in losses.items():
-        # Same weights and batch: the first losses agree to float32 rounding; after one AdamW step (lr ~1e-5,
-        # the update about lr * sign(g)) the peers' different clipping and epsilon placement stay far below 1e-4.
-        np.testing.assert_allclose(loss0, reference[0], rtol=1e-5, err_msg=f"{name}: {peer}'s initial loss differs")
+        np.testing.assert_allclose(loss0, reference[0], rtol=rtol[0], err_msg=f"{name}: {peer}'s initial loss differs")
         np.testing.assert_allclose(
-            loss1, reference[1], rtol=1e-4, err_msg=f"{name}: {peer}'s loss after a step differs"
+            loss1, reference[1], rtol=rtol[1], err_msg=f"{name}: {peer}'s loss after a step differs"
         )
-    assert abs(reference[0] - math.log(config.vocab_size)) < 0.1, f"{name}: initial loss {reference[0]} is not ~ln(65)"
+    ln_vocab = math.log(config.vocab_size)
+    assert abs(reference[0] - ln_vocab) < 0.1, f"{name}: initial loss {reference[0]} is not ~ln(vocab) = {ln_vocab}"
 
     timed = list(steps)
     iters = None if case.sample_seconds else 1
@@ -535,7 +589,7 @@ def table_rows(name, case, results, peak):
 
 def versions() -> str:
     out = [f"jax {jax.__version__}"]
-    for module in ("flax", "equinox", "optax", "torch"):
+    for module in ("flax", "equinox", "haiku", "optax", "torch"):
         try:
             out.append(f"{module} {__import__(module).__version__}")
         except ImportError:
@@ -543,11 +597,28 @@ def versions() -> str:
     return ", ".join(out)
 
 
+def mfu_peak(platform: str, device_kind: str, rates: list[float]) -> tuple[float, str]:
+    """(FLOP/s that MFU is against, what it is): an accelerator's dense bfloat16 peak from the vendors' table
+    (`run.PEAK_BF16_FLOPS`), else (a CPU, an unknown chip) the best of the float32 matmul `rates` measured
+    during the run: on a shared machine, slower ones met other jobs."""
+    peak = run.accelerator_peak_flops(device_kind) if platform != "cpu" else None
+    if peak:
+        return peak, f"{device_kind}'s dense bfloat16 peak, {peak / 1e12:.0f} TFLOP/s (the vendor's data sheet)"
+    return max(rates), (f"the best float32 matmul rate (1024^3, jitted), 3 at the start and 3 at the end: "
+                        f"{', '.join(f'{r / 1e9:.0f}' for r in rates)} GFLOP/s")  # fmt: skip
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", default="tiny,baby,small", help=f"comma-separated, from {', '.join(CASES)}")
     parser.add_argument("--repeats", type=int, default=None, help="samples per contender (default: 9, 7, 3 by config)")
     parser.add_argument("--peers", default=",".join(DEFAULT_PEERS), help=f"comma-separated, from {', '.join(PEERS)}")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16"),
+        help="compute dtype (weights stay float32); auto: bfloat16 on a GPU/TPU, else float32",
+    )
     args = parser.parse_args(argv)
     configs, peers = args.configs.split(","), args.peers.split(",")
     for kind, given, valid in (("config", configs, CASES), ("peer", peers, PEERS)):
@@ -555,19 +626,18 @@ def main(argv=None):
         if unknown:
             parser.error(f"unknown {kind} {', '.join(unknown)}; valid: {', '.join(valid)}")
 
-    if jax.default_backend() == "gpu":  # float32 as torch computes it by default: no TensorFloat-32 matmuls
+    dtype = resolve_compute_dtype(args.dtype, jax.default_backend())
+    if jax.default_backend() == "gpu" and dtype == "float32":  # float32 as torch computes it: no TensorFloat-32
         jax.config.update("jax_default_matmul_precision", "highest")
     start = time.perf_counter()
     rates = [run.measure_matmul_flops() for _ in range(3)]
     load = os.getloadavg()[0]
-    print(f"{versions()}; backend {jax.default_backend()}, {os.cpu_count()} CPUs, load average {load:.1f}")
-    results = {name: run_case(name, CASES[name], peers, args.repeats) for name in configs}
+    print(f"{versions()}; backend {jax.default_backend()} ({jax.devices()[0].device_kind}), {os.cpu_count()} CPUs, "
+          f"load average {load:.1f}; compute dtype {dtype}")  # fmt: skip
+    results = {name: run_case(name, CASES[name], peers, args.repeats, dtype) for name in configs}
     rates += [run.measure_matmul_flops() for _ in range(3)]
-    peak = max(rates)  # on a shared machine, the best rate seen is the machine's; slower ones met other jobs
-    print(
-        f"\nfloat32 matmul rate (1024^3, jitted), 3 at the start and 3 at the end: "
-        f"{', '.join(f'{r / 1e9:.0f}' for r in rates)} GFLOP/s; MFU is against the best, {peak / 1e9:.0f}"
-    )
+    peak, what = mfu_peak(jax.default_backend(), jax.devices()[0].device_kind, rates)
+    print(f"\nMFU is against {what}")
     print(f"load average at the end {os.getloadavg()[0]:.1f}; total {time.perf_counter() - start:.0f}s\n")
     header = ("config", "peer", "step ms", "tokens/s", "time / purejax", "MFU", "first s", "note")
     print("| " + " | ".join(header) + " |")

@@ -77,6 +77,15 @@ class Policy:
         return f"params={self.param_dtype.name},compute={self.compute_dtype.name},output={self.output_dtype.name}"
 
 
+def resolve_compute_dtype(name: str, platform: str) -> str:
+    """A compute dtype's name, with "auto" made concrete for `platform` (`jax.default_backend()`): bfloat16 on
+    a GPU or TPU, whose matrix units run it at several times their float32 rate (mixed precision with float32
+    params, as nanoGPT trains on a GPU), float32 on a CPU. Other names are returned as they are."""
+    if name != "auto":
+        return name
+    return "bfloat16" if platform in ("gpu", "tpu") else "float32"
+
+
 def with_policy(apply: Callable, policy: Policy, *, cast: Collection[str | int] | None = None) -> Callable:
     """`apply` run under `policy`: floating array arguments are cast to the compute dtype, floating outputs to
     the output dtype. Non-array arguments (configs, flags, keys) are passed through untouched.

@@ -19,12 +19,11 @@ treats the params as this device's shards: qkv column-parallel (whole groups of 
 from the local weight's width), proj row-parallel (the partial products are `psum`-med over `axis_name`, then
 the replicated bias is added). Each device attends with its own heads; the forward pass costs one all-reduce.
 
-Two formulations compute the same thing (`attend`). "fused" calls `jax.nn.dot_product_attention` with its
-default implementation, XLA's on every backend (cuDNN's flash attention runs only when asked for by name);
-"einsum" writes the maths out in `dot_product_attention`, and can drop attention probabilities. "auto" takes
-"einsum" when dropout is on and for float16 on CPU, which XLA:CPU's fused attention cannot compile. Both
-compute logits and softmax in float32 whatever the input dtype. Decoding with a key/value cache is
-`purejax.nn.attention_cache`, built from the same pieces, so that `apply` has one return type.
+Formulations (`attend`): "fused" is XLA's `jax.nn.dot_product_attention`, "einsum" the maths written out
+(`dot_product_attention`), which can drop attention probabilities. "auto" takes "einsum" for dropout and float16
+on CPU (XLA:CPU cannot compile fused attention in it), cuDNN's flash attention on an NVIDIA GPU for inputs it
+takes (bfloat16/float16, causal or no mask), else "fused" (purejax/nn/_attention_impl.py, which says once why
+not cuDNN on a GPU). All take the softmax in float32. `purejax.nn.attention_cache` decodes with a cache.
 """
 
 from dataclasses import dataclass
@@ -36,8 +35,8 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from purejax import random as prandom
+from purejax.nn import _attention_impl, initializers, linear
 from purejax.nn import dropout as dropout_lib
-from purejax.nn import initializers, linear
 from purejax.nn._check import check_keys
 
 Params = dict[str, Any]
@@ -61,7 +60,7 @@ class AttentionConfig:
         causal: whether a token may attend only to itself and earlier tokens (a decoder).
         dropout: rate for the attention probabilities and for the output projection, applied only when
             `apply` gets a key (nanoGPT's attn_dropout and resid_dropout, one rate for both).
-        impl: "auto", "fused" (`jax.nn.dot_product_attention`) or "einsum"; see the module docstring.
+        impl: "auto", "fused" (XLA's `jax.nn.dot_product_attention`) or "einsum"; see the module docstring.
     """
 
     d_model: int
@@ -165,7 +164,8 @@ def apply(
     allowed = combine_masks(mask, config, n_head, jnp.arange(seq), jnp.arange(seq), batch=batch)
     drop = key is not None and config.dropout > 0
     keys = prandom.named_keys(key, "attn", "resid") if drop else {"attn": None, "resid": None}
-    out = attend(q, k, v, allowed, config, key=keys["attn"], axis_name=axis_name)
+    is_causal = config.causal and mask is None  # `allowed` is then the causal mask alone
+    out = attend(q, k, v, allowed, config, key=keys["attn"], axis_name=axis_name, is_causal=is_causal)
     y = linear.apply(params["proj"], out.reshape(batch, seq, -1), axis_name=axis_name)
     return dropout_lib.apply(y, rate=config.dropout, key=keys["resid"])
 
@@ -210,15 +210,20 @@ def attend(
     q: Float[Array, "batch seq n_head head_dim"], k: Float[Array, "batch kv_seq n_kv_head head_dim"],
     v: Float[Array, "batch kv_seq n_kv_head head_dim"], mask: Bool[Array, "#batch #n_head seq kv_seq"] | None,
     config: AttentionConfig, *, key: PRNGKeyArray | None = None, axis_name: str | None = None,
+    is_causal: bool = False,
 ) -> Float[Array, "batch seq n_head head_dim"]:  # fmt: skip
-    """softmax(q k^T / sqrt(head_dim), masked) v in the formulation `config.impl` picks (module docstring);
-    with `key` (and `config.dropout > 0`) the probabilities are dropped."""
+    """softmax(q k^T / sqrt(head_dim), masked) v in the formulation `config.impl` picks (module docstring); with
+    `key` (and `config.dropout > 0`) the probabilities are dropped. `is_causal`: `mask` is just self-attention's
+    causal mask (q and k at the same positions), which cuDNN then computes itself."""
     drop = key is not None and config.dropout > 0
     if drop and axis_name is not None:
         # Each device holds other heads: their probabilities need masks of their own (not so the replicated output).
         key = jax.random.fold_in(key, jax.lax.axis_index(axis_name))
-    if config.impl == "einsum" or (config.impl == "auto" and (drop or _no_fused_float16(q.dtype))):
+    how = _attention_impl.pick(config.impl, q, dropout=drop, masked=mask is not None and not is_causal)
+    if how == "einsum":
         return dot_product_attention(q, k, v, mask, dropout_rate=config.dropout, key=key)
+    if how == "cudnn":
+        return jax.nn.dot_product_attention(q, k, v, is_causal=is_causal, implementation="cudnn")
     return jax.nn.dot_product_attention(q, k, v, mask=mask)
 
 
@@ -251,11 +256,6 @@ def dot_product_attention(
     probs = dropout_lib.apply(jax.nn.softmax(logits, axis=-1), rate=dropout_rate, key=key)
     out = jnp.einsum("bkgts,bskh->btkgh", probs.astype(v.dtype), v)
     return out.reshape(batch, seq, n_head, head_dim)
-
-
-def _no_fused_float16(dtype: Any) -> bool:
-    """XLA:CPU cannot compile `jax.nn.dot_product_attention` in float16 ("F16_F16_F32 not supported")."""
-    return dtype == jnp.float16 and jax.default_backend() == "cpu"
 
 
 def _local_kv_heads(params: Params, x: Array, config: AttentionConfig, axis_name: str | None) -> int:

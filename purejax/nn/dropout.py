@@ -8,7 +8,8 @@ layers and configs that include a dropout among other settings call the same rat
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
+import numpy as np
+from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
 from purejax.nn._check import check_rate
 
@@ -20,7 +21,12 @@ def apply(x: Float[ArrayLike, "*shape"], *, rate: float, key: PRNGKeyArray | Non
     x = jnp.asarray(x)  # a jax array comes back as itself
     if key is None or rate == 0.0:
         return x
+    return jnp.where(keep_mask(key, rate, x.shape), x / (1.0 - rate), jnp.zeros_like(x))
+
+
+def keep_mask(key: PRNGKeyArray, rate: float, shape: tuple[int, ...]) -> Bool[Array, "*shape"]:
+    """The mask `apply` draws for an input of `shape`: True where a value is kept (probability 1 - rate).
+    Sequence parallelism (purejax/parallel/sequence.py) draws the whole mask and keeps its own slice of it."""
     # Drawn flat, then reshaped: the same bits (threefry's output does not depend on the rank), but XLA:CPU
     # compiles a rank-5 draw ~15x more slowly than a flat one (4.7 s vs 0.3 s, jax 0.10.2).
-    keep = jax.random.bernoulli(key, 1.0 - rate, (x.size,)).reshape(x.shape)
-    return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
+    return jax.random.bernoulli(key, 1.0 - rate, (int(np.prod(shape)),)).reshape(shape)

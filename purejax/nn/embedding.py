@@ -48,18 +48,28 @@ def apply(
     if not jnp.issubdtype(ids.dtype, jnp.integer):
         raise TypeError(f"embedding: ids must be integers, got {ids.dtype}")
     if ids.dtype.kind == "u":
-        ids = ids.astype(jnp.int32)  # ids - start below must be able to go negative
-    vocab = params["w"].shape[0]
+        ids = ids.astype(jnp.int32)  # a negative id must stay negative in the checks below
     if axis_name is None:
         rows = jnp.take(params["w"], ids, axis=0, mode="fill", fill_value=jnp.nan)
-    else:
-        local = ids - jax.lax.axis_index(axis_name) * vocab
-        mine = (local >= 0) & (local < vocab)
-        rows = jnp.take(params["w"], jnp.where(mine, local, 0), axis=0)
-        rows = jax.lax.psum(jnp.where(mine[..., None], rows, 0), axis_name)
-        vocab = vocab * jax.lax.axis_size(axis_name)
-    # jnp.take counts negative ids from the end, as numpy does; an id of -1 is a bug upstream, not the last row.
-    return jnp.where(((ids < 0) | (ids >= vocab))[..., None], jnp.nan, rows)
+        # jnp.take counts negative ids from the end, as numpy does; an id of -1 is a bug upstream, not the last row.
+        return jnp.where(((ids < 0) | (ids >= params["w"].shape[0]))[..., None], jnp.nan, rows)
+    return jax.lax.psum(vocab_shard_rows(params, ids, axis_name=axis_name), axis_name)
+
+
+def vocab_shard_rows(
+    params: Params, ids: Integer[ArrayLike, "*batch"], *, axis_name: str
+) -> Float[Array, "*batch d_model"]:
+    """This device's part of a vocab-parallel lookup: the rows of the ids that fall in its slice of the table,
+    zeros for the others, NaN for ids outside the whole vocabulary. `apply` psums it over `axis_name`; Megatron's
+    sequence parallelism reduce-scatters it instead (purejax/parallel/sequence.py)."""
+    ids = jnp.asarray(ids)
+    ids = ids.astype(jnp.int32) if ids.dtype.kind == "u" else ids  # ids - start below must be able to go negative
+    vocab = params["w"].shape[0]
+    local = ids - jax.lax.axis_index(axis_name) * vocab
+    mine = (local >= 0) & (local < vocab)
+    rows = jnp.where(mine[..., None], jnp.take(params["w"], jnp.where(mine, local, 0), axis=0), 0)
+    outside = (ids < 0) | (ids >= vocab * jax.lax.axis_size(axis_name))
+    return jnp.where(outside[..., None], jnp.nan, rows)
 
 
 def attend(params: Params, x: Float[ArrayLike, "*batch d_model"]) -> Float[Array, "*batch vocab"]:

@@ -105,6 +105,11 @@ def check(table: Table, n_stages: int, n_micro: int) -> None:
             raise ValueError(f"schedule: {kind}({m}) on stage {s} at step {at[(kind, s, m)]} runs before {late}")
 
 
+def micro_batches(table: Table) -> int:
+    """How many micro-batches the table runs (M)."""
+    return 1 + max(op[1] for row in table for op in row if op is not None)
+
+
 def bubble_fraction(table: Table) -> float:
     """Idle slots over all slots (steps x stages)."""
     slots = [op for row in table for op in row]
@@ -127,8 +132,7 @@ def buffer_slots(table: Table) -> int:
     """The fewest buffer slots K such that, on every stage, micro-batch m kept in slot m % K is never
     overwritten before its backward reads it: an input is held from the step after the previous stage's F
     (or its own F, on stage 0) to its B, a gradient from the step after the next stage's B to its B."""
-    at, n_stages = times(table), len(table[0])
-    n_micro = max(m for _, _, m in at) + 1
+    at, n_stages, n_micro = times(table), len(table[0]), micro_batches(table)
     spans = []  # (stage, buffer, first step held, last step read, micro-batch)
     for s in range(n_stages):
         for m in range(n_micro):

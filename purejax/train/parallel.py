@@ -1,6 +1,6 @@
 """Where a training run's arrays live and how its step runs: one device, or a (dp, tp) mesh (with context
-parallelism a (dp, cp, tp) one) over the devices of one or several processes (docs/parallelism.md,
-docs/multihost.md).
+parallelism a (dp, cp, tp) one, with pipeline parallelism pp stages of it) over the devices of one or
+several processes (docs/parallelism.md, docs/multihost.md).
 
     devices = Devices(dp=2, tp=2, fsdp=False, num_processes=1)
     devices.start()                        # first, before any other JAX call
@@ -15,6 +15,7 @@ With dp = tp = 1 in one process there is no mesh: the state stays where JAX puts
 (`purejax.parallel.sharded_train_step`, which sums the data shards' gradients once per step); the batch is
 split over the data axis and each process reads only the rows its own devices hold. With cp > 1 each row
 is also split over the context axis, in zig-zag order (`put_batch` reorders it; purejax/parallel/context.py).
+With pp > 1 the batch is replicated over the pipe axis (stage 0 reads the tokens, the last stage the targets).
 """
 
 import dataclasses
@@ -40,16 +41,22 @@ CPU_DEVICES_FLAG = "--xla_force_host_platform_device_count"
 class Devices:
     """The devices a run uses: `dp` data-parallel groups of `tp` tensor-parallel devices (with `fsdp`, the
     params and optimizer state also split over the data groups), each group `cp` times over for context
-    parallelism (the sequence split over a ring), over `num_processes` processes."""
+    parallelism (the sequence split over a ring), the whole grid `pp` times over for pipeline parallelism
+    (each copy holds one stage's layers), over `num_processes` processes."""
 
     dp: int = 1
     tp: int = 1
     fsdp: bool = False
     num_processes: int = 1
     cp: int = 1
+    pp: int = 1
+    sp: bool = False  # Megatron sequence parallelism over the tp devices (purejax/parallel/sequence.py)
+    ep: bool = False  # expert parallelism: experts split over the data groups (purejax/parallel/experts.py)
 
     def __post_init__(self):
-        for name in ("dp", "tp", "cp", "num_processes"):
+        if self.sp and self.tp == 1:
+            raise ValueError("sp splits the sequence over the tensor-parallel devices, so it needs tp > 1")
+        for name in ("dp", "tp", "cp", "pp", "num_processes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -57,12 +64,13 @@ class Devices:
             raise ValueError("fsdp splits the params over the data-parallel devices, so it needs dp > 1")
         if self.n_devices % self.num_processes:
             raise ValueError(
-                f"dp x cp x tp = {self.n_devices} devices cannot be shared evenly by {self.num_processes} processes"
+                f"pp x dp x cp x tp = {self.n_devices} devices cannot be shared evenly by {self.num_processes} "
+                "processes"
             )
 
     @property
     def n_devices(self) -> int:
-        return self.dp * self.cp * self.tp
+        return self.pp * self.dp * self.cp * self.tp
 
     @property
     def sharded(self) -> bool:
@@ -87,12 +95,14 @@ class Devices:
 
     @functools.cached_property
     def mesh(self) -> jax.sharding.Mesh:
-        return parallel.make_mesh(self.dp, self.tp, cp=self.cp)
+        return parallel.make_mesh(self.dp, self.tp, cp=self.cp, pp=self.pp)
 
     @property
     def axes(self) -> parallel.MeshAxes:
         """The axes the model runs under; `MeshAxes()` (one device) when not sharded."""
-        return parallel.MeshAxes.of(self.mesh, fsdp=self.fsdp) if self.sharded else parallel.MeshAxes()
+        if not self.sharded:
+            return parallel.MeshAxes()
+        return parallel.MeshAxes.of(self.mesh, fsdp=self.fsdp, sp=self.sp, ep=self.ep)
 
     @property
     def batch_spec(self) -> P:
@@ -176,7 +186,8 @@ def start_devices(cfg: Any) -> Devices:
     (`dp`, `tp`, `cp`, `fsdp`, `coordinator`, `num_processes`, `process_id`); before any other JAX call."""
     num_processes = cfg.num_processes or distributed.launched_process_count()  # also srun's or mpirun's count
     try:
-        devices = Devices(dp=cfg.dp, tp=cfg.tp, fsdp=cfg.fsdp, num_processes=num_processes, cp=cfg.cp)
+        devices = Devices(dp=cfg.dp, tp=cfg.tp, fsdp=cfg.fsdp, num_processes=num_processes, cp=cfg.cp, pp=cfg.pp,
+                          sp=cfg.sp, ep=getattr(cfg, "ep", False))  # fmt: skip
         devices.start(coordinator_address=cfg.coordinator or None, num_processes=cfg.num_processes or None,
                       process_id=None if cfg.process_id < 0 else cfg.process_id)  # fmt: skip
         if jax.process_count() != num_processes:  # a Cloud TPU pod's runtime joins its workers by itself

@@ -5,6 +5,7 @@ measured matmul rate for MFU. The loop itself is `purejax.train.loop`."""
 import json
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -185,6 +186,31 @@ def measure_matmul_flops(n: int = 1024, seconds: float = 0.5) -> float:
         matmul(a).block_until_ready()
         calls += 1
     return 2 * n**3 * calls / (time.perf_counter() - start)
+
+
+# Dense (no sparsity) bfloat16 peak FLOP/s by `jax.Device.device_kind`, first match wins: the vendors' data
+# sheets. NVIDIA lists tensor-core rates "with sparsity", twice the dense ones: H100 SXM 1,979 TFLOPS, H100 PCIe
+# 1,513, H100 NVL 1,671 (H100 datasheet); H200 SXM 1,979, H200 NVL 1,671 (H200 datasheet); L4 242 (L4 datasheet).
+# A100 312 dense (A100 datasheet). Google Cloud's TPU pages: v4 275, v5e ("TPU v5 lite") 197, v5p ("TPU v5") 459.
+PEAK_BF16_FLOPS = (
+    (r"H100.*PCIe", 756e12), (r"H[12]00 NVL", 835e12), (r"H100|H200", 989e12), (r"A100", 312e12),
+    (r"\bL4\b", 121e12), (r"TPU v4", 275e12), (r"TPU v5 ?(lite|e)", 197e12), (r"TPU v5", 459e12),
+)  # fmt: skip
+
+
+def accelerator_peak_flops(device_kind: str) -> float | None:
+    """The dense bfloat16 peak of the accelerator `device_kind` names ("NVIDIA H100 80GB HBM3", "TPU v4"), or
+    None for a device the table does not know (and for CPUs)."""
+    return next((flops for pattern, flops in PEAK_BF16_FLOPS if re.search(pattern, device_kind)), None)
+
+
+def peak_flops() -> float:
+    """What MFU is a fraction of: the accelerator's dense bfloat16 peak (`PEAK_BF16_FLOPS`, nanoGPT's convention
+    on a GPU), or on a CPU or an unknown device the float32 matmul rate measured here."""
+    import jax
+
+    device = jax.devices()[0]
+    return (device.platform != "cpu" and accelerator_peak_flops(device.device_kind)) or measure_matmul_flops()
 
 
 def format_seconds(s: float) -> str:

@@ -1,6 +1,8 @@
 """purejax.nn.attention (and attention_cache, its decoding) against an independent numpy float64 multi-head
 attention; both formulations, the key/value cache, causality, grouped heads, dropout, bfloat16 and the errors."""
 
+import warnings
+
 import chex
 import jax
 import jax.extend
@@ -8,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from purejax.nn import attention, attention_cache, initializers
+from purejax.nn import _attention_impl, attention, attention_cache, initializers
+from purejax.nn._attention_impl import Backend
 from purejax.nn.attention import AttentionConfig
 
 B, T, D = 2, 6, 16
@@ -323,3 +326,126 @@ def test_qkv_permutation_converts_the_q_k_v_layout(config):
     expected = out @ np.asarray(params["proj"]["w"], np.float64) + np.asarray(params["proj"]["b"], np.float64)
     np.testing.assert_allclose(apply(params, x, config), expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(split["w"][..., perm], params["qkv"]["w"])
+
+
+# ---------------------------------------------------------------- which implementation runs where (cuDNN on a GPU)
+
+H100, A100, T4 = Backend("gpu", "9.0"), Backend("gpu", "8.0"), Backend("gpu", "7.5")
+BF16, F16, F32 = jnp.bfloat16, jnp.float16, jnp.float32
+
+
+@pytest.mark.parametrize(
+    "impl, backend, dtype, head_dim, dropout, masked, how, why",
+    [
+        ("auto", Backend("cpu"), F32, 64, False, False, "xla", "only on NVIDIA GPUs"),  # the CPU default, unchanged
+        ("auto", Backend("cpu"), F16, 64, False, False, "einsum", "XLA:CPU cannot compile"),
+        ("auto", Backend("cpu"), BF16, 64, True, False, "einsum", "dropout"),
+        ("auto", Backend("tpu"), BF16, 64, False, False, "xla", "'tpu'"),
+        ("auto", H100, BF16, 64, False, False, "cudnn", "NVIDIA GPU"),
+        ("auto", A100, F16, 128, False, False, "cudnn", "NVIDIA GPU"),
+        ("auto", H100, BF16, 256, False, False, "cudnn", "NVIDIA GPU"),  # Hopper takes heads up to 256
+        ("auto", A100, BF16, 256, False, False, "xla", "at most 128"),
+        ("auto", H100, BF16, 60, False, False, "xla", "multiple of 8"),
+        ("auto", H100, F32, 64, False, False, "xla", "float32 inputs"),
+        ("auto", T4, BF16, 64, False, False, "xla", "8.0 (Ampere) or newer"),
+        ("auto", Backend("gpu"), BF16, 64, False, False, "xla", "not an NVIDIA GPU"),  # e.g. ROCm
+        ("auto", H100, BF16, 64, False, True, "xla", "a mask besides the causal one"),
+        ("auto", H100, BF16, 64, True, False, "einsum", "dropout"),
+        ("fused", H100, BF16, 64, False, False, "xla", "asked for"),
+        ("einsum", H100, BF16, 64, False, False, "einsum", "asked for"),
+    ],
+)
+def test_choose_implementation(impl, backend, dtype, head_dim, dropout, masked, how, why):
+    got, reason = _attention_impl.choose(impl, backend, dtype, head_dim, dropout=dropout, masked=masked)
+    assert got == how and why in reason
+
+
+@pytest.fixture
+def pretend_h100(monkeypatch):
+    """`attend` believes it runs on an H100, and every `jax.nn.dot_product_attention` call is recorded and run
+    by XLA's implementation (this machine has no cuDNN): the choice and its arguments, checked on a CPU."""
+    calls, xla = [], jax.nn.dot_product_attention
+
+    def recorded(q, k, v, **kwargs):
+        calls.append(kwargs)
+        return xla(q, k, v, **{**kwargs, "implementation": None})
+
+    monkeypatch.setattr(_attention_impl, "this_backend", lambda: H100)
+    monkeypatch.setattr(jax.nn, "dot_product_attention", recorded)
+    _attention_impl.note_fallback.cache_clear()
+    yield calls
+    _attention_impl.note_fallback.cache_clear()
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_auto_on_a_gpu_asks_cudnn_for_its_own_causal_mask(pretend_h100, causal):
+    config = AttentionConfig(32, 4, n_kv_head=2, causal=causal)  # head_dim 8, the smallest cuDNN takes
+    params, x = jax.tree.map(lambda a: a.astype(BF16), make(config))
+    y = attention.apply(params, x, config)
+    assert pretend_h100 == [{"is_causal": causal, "implementation": "cudnn"}]  # the mask left to cuDNN
+    np.testing.assert_allclose(np.asarray(y, np.float32), np_attention(params, x, config), atol=5e-2, rtol=5e-2)
+
+
+def test_auto_on_a_gpu_falls_back_to_xla_once_saying_why(pretend_h100):
+    config = AttentionConfig(32, 4)
+    params, x = make(config)
+    padding = jnp.arange(T)[None, None, None, :] < jnp.array([T, 3])[:, None, None, None]
+    with pytest.warns(UserWarning, match="XLA's attention, not cuDNN's flash attention: float32 inputs"):
+        y = attention.apply(params, x, config)
+    np.testing.assert_allclose(y, np_attention(params, x, config), rtol=1e-5, atol=1e-5)
+    with pytest.warns(UserWarning, match="a mask besides the causal one"):
+        attention.apply(*jax.tree.map(lambda a: a.astype(BF16), (params, x)), config, mask=padding)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same reason again: no second note
+        attention.apply(params, x, config)
+    assert [call.get("implementation") for call in pretend_h100] == [None, None, None]
+    assert pretend_h100[1]["mask"].shape == (B, 1, T, T)  # the padding and causal masks, combined
+
+
+def _cuda_compute_capability() -> tuple[int, ...]:
+    capability = _attention_impl.this_backend().compute_capability
+    return tuple(int(part) for part in capability.split(".")) if capability else ()
+
+
+needs_cudnn = pytest.mark.skipif(
+    _cuda_compute_capability() < (8, 0),
+    reason="needs an NVIDIA GPU of compute capability 8.0 or newer (cuDNN's flash attention); this backend is "
+    f"{jax.default_backend()!r}",
+)
+
+
+def _relative_error(a, b) -> float:
+    a, b = (np.asarray(t, np.float64) for t in (a, b))
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+@needs_cudnn
+@pytest.mark.parametrize("n_kv_head", [12, 4])
+def test_cudnn_equals_xla_in_value_and_gradient_on_a_gpu(n_kv_head):
+    """On a GPU, "auto" in bfloat16 really calls cuDNN (its custom call is in the program) and agrees with XLA's
+    fused path ("fused") and a float64 reference, in value and gradient, at GPT-2's head size (12 x 64), plain
+    and inside a one-device shard_map (tensor parallelism's code path, check_vma on)."""
+    configs = {impl: AttentionConfig(768, 12, n_kv_head=n_kv_head, impl=impl) for impl in ("auto", "fused")}
+    params = attention.init(jax.random.key(0), configs["auto"])
+    x = jax.random.normal(jax.random.key(1), (4, 256, 768))
+    params, x = jax.tree.map(lambda a: a.astype(BF16), (params, x))
+
+    def loss(params, x, config):
+        return jnp.mean(jnp.square(attention.apply(params, x, config).astype(F32)))
+
+    grad = jax.jit(jax.value_and_grad(loss), static_argnums=2)
+    assert "cudnn" in grad.lower(params, x, configs["auto"]).as_text()
+    assert "cudnn" not in grad.lower(params, x, configs["fused"]).as_text()
+    (v1, g1), (v2, g2) = grad(params, x, configs["auto"]), grad(params, x, configs["fused"])
+    assert _relative_error(v1, v2) < 2e-2
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+        assert _relative_error(a, b) < 3e-2
+    y = jax.jit(attention.apply, static_argnums=2)(params, x, configs["auto"])
+    assert _relative_error(y, np_attention(params, x, configs["auto"])) < 2e-2
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("model",))
+    spec = jax.sharding.PartitionSpec()
+    sharded = jax.shard_map(lambda p, x: attention.apply(p, x, configs["auto"], axis_name="model"), mesh=mesh,
+                            in_specs=(spec, spec), out_specs=spec, check_vma=True)  # fmt: skip
+    assert "cudnn" in jax.jit(sharded).lower(params, x).as_text()
+    assert _relative_error(jax.jit(sharded)(params, x), y) < 1e-2

@@ -1,7 +1,8 @@
 """Child process for tests/purejax/parallel/test_pipeline.py: 8 simulated CPU devices (XLA_FLAGS must be set
 before jax is imported). Runs the pipelined GPT loss and gradients for a few (stages, micro-batches, schedule,
-dropout) cases, compares them with one device's, counts the compiled program's collectives, and writes the
-numbers to a JSON file that the tests assert on.
+dropout) cases, compares them with one device's, counts the compiled program's collectives; runs
+`pipeline.loss` inside `sharded_train_step` on pp, dp x pp and dp x pp x tp meshes for a few AdamW steps
+against `optim.train_step` on one device; and writes the numbers to a JSON file that the tests assert on.
 
     python pipeline_child.py OUT.json
 """
@@ -24,10 +25,11 @@ install_import_hook(["purejax"], "beartype.beartype(conf=beartype.BeartypeConf(i
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from purejax import losses, optim, parallel  # noqa: E402
 from purejax import tree as tree_lib  # noqa: E402
-from purejax.models import gpt  # noqa: E402
+from purejax.models import gpt, gpt_parallel  # noqa: E402
 from purejax.parallel import pipeline, schedules  # noqa: E402
 from tests.purejax.parallel.hlo import executed_collectives  # noqa: E402
 
@@ -36,6 +38,13 @@ BATCH = 4
 # (stages, micro-batches, schedule, dropout rate)
 # (1F1B with M > S reuses its buffer slots; the two dropout cases share one reference)
 CASES = [(2, 1, "gpipe", 0.0), (4, 4, "gpipe", 0.1), (2, 4, "1f1b", 0.1)]
+# inside the training step: (pp, dp, tp, schedule, micro-batches, dropout rate, gradient accumulation steps)
+STEP_CASES = [
+    (2, 1, 1, "gpipe", 2, 0.1, 1),
+    (4, 1, 1, "1f1b", 4, 0.0, 2),
+    (2, 2, 1, "1f1b", 2, 0.1, 2),
+    (2, 2, 2, "gpipe", 2, 0.0, 1),
+]
 
 
 def make_params(seed: int = 0) -> gpt.Params:
@@ -45,10 +54,10 @@ def make_params(seed: int = 0) -> gpt.Params:
     return jax.tree.map(lambda s: jnp.asarray(0.3 * rng.standard_normal(s.shape), jnp.float32), shapes)
 
 
-def make_batch(seed: int = 1):
+def make_batch(seed: int = 1, rows: int = BATCH):
     rng = np.random.default_rng(seed)
-    idx = rng.integers(0, CONFIG.vocab_size, (BATCH, CONFIG.block_size))
-    targets = rng.integers(0, CONFIG.vocab_size, (BATCH, CONFIG.block_size))
+    idx = rng.integers(0, CONFIG.vocab_size, (rows, CONFIG.block_size))
+    targets = rng.integers(0, CONFIG.vocab_size, (rows, CONFIG.block_size))
     targets[0, :5] = -1  # ignored positions, unevenly spread over the micro-batches
     return jnp.asarray(idx, jnp.int32), jnp.asarray(targets, jnp.int32)
 
@@ -68,14 +77,29 @@ def reference(params, batch, config, n_micro, key):
 
 
 def _reference_loss(params, batch, key, *, config, n_micro):
+    return _micro_batch_sum(params, batch, key, config, n_micro) / jnp.sum(batch[1] != -1)
+
+
+def _micro_batch_sum(params, batch, key, config, n_micro):
+    """The summed token losses of `batch` cut into `n_micro` micro-batches, micro-batch m with `split(key, M)[m]`."""
     idx, targets = batch
-    keys, rows = jax.random.split(key, n_micro), BATCH // n_micro
+    keys, rows = jax.random.split(key, n_micro), idx.shape[0] // n_micro
     total = 0.0
     for m in range(n_micro):
         part = slice(m * rows, (m + 1) * rows)
         per_token = losses.cross_entropy(gpt.apply(params, idx[part], config, key=keys[m]), targets[part])
         total += jnp.sum(jnp.where(targets[part] != -1, per_token, 0.0))
-    return total / jnp.sum(targets != -1)
+    return total
+
+
+def _step_reference_loss(params, batch, key, *, config, dp, n_micro):
+    """One device's version of what `sharded_train_step` makes of `pipeline.loss`: data shard d takes the d-th
+    block of rows with `fold_in(key, d)` (none without a data axis), pipelined in `n_micro` micro-batches."""
+    rows, total = batch[0].shape[0] // dp, 0.0
+    for d in range(dp):
+        part = tuple(a[d * rows : (d + 1) * rows] for a in batch)
+        total += _micro_batch_sum(params, part, key if dp == 1 else jax.random.fold_in(key, d), config, n_micro)
+    return total / jnp.sum(batch[1] != -1)
 
 
 def rel_err(got, want) -> float:
@@ -141,10 +165,61 @@ def gpipe_temp_bytes(params, batch, n_stages, n_micro, rate) -> int:
     return fn.lower(placed, batch, jax.random.key(7)).compile().memory_analysis().temp_size_in_bytes
 
 
+def one_device_order(batch, dp: int, accumulate: int):
+    """The rows reordered so that one device's gradient accumulation sees, in micro-batch g, the rows every
+    data shard d has in its micro-batch g (the sharded step splits the rows over the shards first), shard by
+    shard, as `_step_reference_loss` expects them."""
+    rows = batch[0].shape[0] // (dp * accumulate)
+    return tuple(a.reshape(dp, accumulate, rows, -1).transpose(1, 0, 2, 3).reshape(a.shape) for a in batch)
+
+
+def train_case(pp, dp, tp, name, n_micro, rate, accumulate, steps: int = 3) -> dict:
+    """`steps` AdamW steps of `sharded_train_step` with `pipeline.loss` (clipping on, gradient accumulation
+    `accumulate`, a batch of 8 rows with ignored targets) against `optim.train_step` on one device with
+    `_step_reference_loss`; and the pipelined forward alone (evaluation) against `gpt.loss`."""
+    config = dataclasses.replace(CONFIG, dropout=rate)
+    mesh = parallel.make_mesh(dp, tp, jax.devices()[: pp * dp * tp], pp=pp)
+    axes = parallel.MeshAxes.of(mesh)
+    specs = pipeline.stage_specs(gpt_parallel.param_specs(config, axes, mesh.shape))
+    table = schedules.SCHEDULES[name](pp, n_micro)
+    optimizer = optim.adamw(1e-2, weight_decay=0.1)
+    state = optim.init_train_state(make_params(), optimizer, jax.random.key(3))
+    state_specs = parallel.state_specs(state, specs)
+
+    def loss_fn(params, batch, key):
+        return pipeline.loss(params, batch, config, table, key=key, axes=axes), {}
+
+    kwargs = dict(optimizer=optimizer, max_grad_norm=1.0, micro_batches=accumulate)
+    step = parallel.sharded_train_step(mesh, state_specs, P(axes.data), loss_fn=loss_fn, **kwargs)
+    reference_loss = functools.partial(_step_reference_loss, config=config, dp=dp, n_micro=n_micro)
+    ref_step = jax.jit(functools.partial(optim.train_step, loss_fn=lambda p, b, k: (reference_loss(p, b, k), {}),
+                                         **kwargs))  # fmt: skip
+    ours, ref, loss_errs = parallel.shard(state, state_specs, mesh), state, []
+    for i in range(steps):
+        batch = make_batch(10 + i, rows=8)
+        ours, metrics = step(ours, batch)
+        ref, ref_metrics = ref_step(ref, one_device_order(batch, dp, accumulate))
+        loss_errs.append(rel_err(metrics["loss"], ref_metrics["loss"]))
+    evaluate = jax.jit(jax.shard_map(
+        lambda p, x, y: pipeline.loss(p, (x, y), CONFIG, table, axes=axes), mesh=mesh,
+        in_specs=(specs, P(axes.data), P(axes.data)), out_specs=P(), check_vma=True,
+    ))  # fmt: skip
+    params, batch = make_params(), make_batch(rows=8)
+    return {
+        "loss_rel_err": max(loss_errs),
+        "params_rel_err": rel_err(*(flat_without_key_bias(s.params) for s in (ours, ref))),
+        "moved": rel_err(flat_without_key_bias(ref.params), flat_without_key_bias(state.params)),
+        "eval_rel_err": rel_err(evaluate(parallel.shard(params, specs, mesh), *batch), gpt.loss(params, batch, CONFIG)),
+    }
+
+
 def main(out: str) -> None:
     params, batch = make_params(), make_batch()
     results = {f"S{s}-M{m}-{name}-p{rate}": run_case(params, batch, s, m, name, rate) for s, m, name, rate in CASES}
     results["gpipe_temp_bytes"] = {"S2-M4-p0.1": gpipe_temp_bytes(params, batch, 2, 4, 0.1)}
+    for pp, dp, tp, name, n_micro, rate, accumulate in STEP_CASES:
+        case = f"pp{pp}-dp{dp}-tp{tp}-{name}-M{n_micro}-p{rate}-ga{accumulate}"
+        results[case] = train_case(pp, dp, tp, name, n_micro, rate, accumulate)
     with open(out, "w") as f:
         json.dump(results, f, indent=1)
 

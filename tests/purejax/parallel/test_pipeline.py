@@ -1,7 +1,8 @@
 """Pipeline parallelism (purejax/parallel/schedules.py, pipeline.py). The schedule tables: every op once and
 after its inputs, the bubble fraction against GPipe's formula, 1F1B's bounded activations. The pipelined GPT
 on 8 simulated devices (pipeline_child.py computes, these tests judge): loss and gradients equal one device's,
-with dropout, and the collectives of the compiled program equal the count the schedule implies."""
+with dropout, and the collectives of the compiled program equal the count the schedule implies; inside
+`sharded_train_step` on pp, dp x pp and dp x pp x tp meshes, a few AdamW steps equal one device's."""
 
 import json
 import os
@@ -16,6 +17,12 @@ from purejax.parallel import schedules
 HERE = Path(__file__).resolve().parent
 SHAPES = [(1, 1), (1, 3), (2, 1), (2, 4), (3, 5), (4, 1), (4, 2), (4, 4), (4, 8), (8, 3)]
 CASES = ["S2-M1-gpipe-p0.0", "S4-M4-gpipe-p0.1", "S2-M4-1f1b-p0.1"]
+STEP_CASES = [  # pipeline_child.STEP_CASES: pp, dp, tp, schedule, micro-batches, dropout, gradient accumulation
+    "pp2-dp1-tp1-gpipe-M2-p0.1-ga1",
+    "pp4-dp1-tp1-1f1b-M4-p0.0-ga2",
+    "pp2-dp2-tp1-1f1b-M2-p0.1-ga2",
+    "pp2-dp2-tp2-gpipe-M2-p0.0-ga1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +116,53 @@ def test_a_table_for_another_stage_count_is_refused():
     config = gpt.GPTConfig(block_size=8, vocab_size=32, n_layer=4, n_head=2, n_embd=16)
     with pytest.raises(ValueError, match=r"4 layers over 1 stages \('pipe'\) with a table of 2 stages"):
         pipeline.sharded_loss_and_grads(mesh, config, schedules.gpipe(2, 1))
+
+
+@pytest.mark.parametrize("case", STEP_CASES)
+def test_training_steps_with_the_pipelined_loss_equal_one_device(results, case):
+    """`pipeline.loss` (a custom_vjp whose gradient the schedule computed) inside `sharded_train_step`:
+    three AdamW steps with clipping equal `optim.train_step` on one device, and the forwards alone
+    (evaluation) equal `gpt.loss`. The params moved by ~7%, so 1e-6 is float32 rounding, not no change."""
+    got = results[case]
+    assert got["moved"] > 1e-2
+    assert got["loss_rel_err"] < 1e-6 and got["eval_rel_err"] < 1e-6
+    assert got["params_rel_err"] < 5e-6
+
+
+def test_the_pipe_axis_is_the_outermost_and_errors_name_its_size():
+    from purejax import parallel
+
+    with pytest.raises(ValueError, match=r"pp=2 x dp=1 x tp=1 = 2 devices, but 1 are given"):
+        parallel.make_mesh(1, 1, pp=2)
+    with pytest.raises(ValueError, match="pp must be a positive int"):
+        parallel.make_mesh(1, 1, pp=0)
+    mesh = parallel.make_mesh(1, 1, pp=1)
+    assert mesh.axis_names == ("data", "model") and parallel.MeshAxes.of(mesh).pipe is None
+
+
+def test_stage_specs_split_the_layer_axis_over_pipe_and_keep_the_tensor_parallel_split():
+    from jax.sharding import PartitionSpec as P
+
+    from purejax.models import gpt, gpt_parallel
+    from purejax.parallel import MeshAxes, pipeline
+
+    config = gpt.GPTConfig(block_size=8, vocab_size=32, n_layer=4, n_head=2, n_embd=16)
+    specs = pipeline.stage_specs(gpt_parallel.param_specs(config, MeshAxes(model="model"), {"model": 2}))
+    assert specs["blocks"]["attn"]["qkv"]["w"] == P("pipe", None, "model")
+    assert specs["blocks"]["ln_1"]["scale"] == P("pipe") and specs["wte"]["w"] == P("model", None)
+    with pytest.raises(ValueError, match="layer axis is already split"):
+        pipeline.stage_specs({"blocks": {"w": P("data")}})
+
+
+@pytest.mark.parametrize("axes", [dict(data="data", fsdp=True), dict(context="context"), dict()])
+def test_the_pipelined_loss_refuses_axes_it_cannot_run_under(axes):
+    import jax.numpy as jnp
+
+    from purejax.models import gpt
+    from purejax.parallel import MeshAxes, pipeline
+
+    config = gpt.GPTConfig(block_size=8, vocab_size=32, n_layer=4, n_head=2, n_embd=16)
+    batch = (jnp.zeros((2, 8), jnp.int32), jnp.zeros((2, 8), jnp.int32))
+    axes = MeshAxes(**axes, pipe="pipe" if axes else None)
+    with pytest.raises(ValueError, match="needs axes.pipe, and no fsdp, context or sequence parallelism"):
+        pipeline.loss({}, batch, config, schedules.gpipe(2, 2), axes=axes)

@@ -63,8 +63,6 @@ def test_mesh_and_multi_process_runs_equal_the_single_device_run(tmp_path, even_
 
     # Two processes of 2 devices each, fully sharded over dp=4, resume the mesh run's checkpoint: 8..12.
     args = [
-        "-m",
-        "purejax.train.gpt",
         *COMMON,
         data,
         "--out_dir=mesh",
@@ -73,16 +71,24 @@ def test_mesh_and_multi_process_runs_equal_the_single_device_run(tmp_path, even_
         "--dp=4",
         "--fsdp=true",
     ]
-    cache = {k: v for k, v in os.environ.items() if k.startswith("JAX_COMPILATION_CACHE")}  # never the user's
-    results = launch.launch(args, 2, timeout=300, devices_per_process=2, cwd=tmp_path,
-                            env={"PUREJAX_HEARTBEAT_TIMEOUT": "20", "PYTHONPATH": str(ROOT), **cache})  # fmt: skip
-    outputs = "\n".join(f"--- process {r.process_id}: {r.returncode}\n{r.output}" for r in results)
-    assert [r.returncode for r in results] == [0, 0], outputs
+    results, outputs = launch_gpt(args, tmp_path, devices_per_process=2)
     assert "4 x 1 mesh (fsdp) of 4 cpu devices in 2 process(es)" in results[0].output, outputs
     assert "iter 12" in results[0].output and "iter 12" not in results[1].output, "only process 0 logs"
     assert_same_state(
         final_state(tmp_path / "mesh", 12), final_state(tmp_path / "single", 12), "2 processes at iter 12"
     )
+
+
+def launch_gpt(args: list[str], cwd, devices_per_process: int) -> tuple[list[launch.ProcessResult], str]:
+    """`python -m purejax.train.gpt *args` as 2 processes on this host (purejax.parallel.launch): their results,
+    and their outputs as one text, once both exited 0."""
+    cache = {k: v for k, v in os.environ.items() if k.startswith("JAX_COMPILATION_CACHE")}  # never the user's
+    env = {"PUREJAX_HEARTBEAT_TIMEOUT": "20", "PYTHONPATH": str(ROOT), **cache}
+    results = launch.launch(["-m", "purejax.train.gpt", *args], 2, timeout=300,
+                            devices_per_process=devices_per_process, cwd=cwd, env=env)  # fmt: skip
+    outputs = "\n".join(f"--- process {r.process_id}: {r.returncode}\n{r.output}" for r in results)
+    assert [r.returncode for r in results] == [0, 0], outputs
+    return results, outputs
 
 
 def test_devices_on_one_device_is_the_plain_program():
@@ -99,6 +105,8 @@ def test_devices_on_one_device_is_the_plain_program():
         (dict(dp=1, fsdp=True), "needs dp > 1"),
         (dict(dp=3, num_processes=2), "cannot be shared evenly by 2 processes"),
         (dict(dp=0), "dp must be a positive int"),
+        (dict(pp=3, num_processes=2), r"pp x dp x cp x tp = 3 devices cannot be shared evenly by 2"),
+        (dict(pp=0), "pp must be a positive int"),
     ],
 )
 def test_impossible_device_settings_are_rejected(settings, message):
