@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted((ROOT / "purejax").rglob("*.py"))
 MAX_FILE_LINES = 300
 MAX_FUNCTION_CODE_LINES = 60
-PAGES = {"purejax/models/gpt.py": 260}  # "about 250": the GPT reads like nanoGPT's model.py
+PAGES = {"purejax/models/gpt.py": 275}  # "about 250" like nanoGPT's model.py; +15: the MoE statistics' path
 
 
 def code_lines(source: str) -> set[int]:

@@ -30,6 +30,7 @@ from jaxtyping import Array, ArrayLike, Float, Integer, PRNGKeyArray
 from purejax import losses
 from purejax import random as prandom
 from purejax import tree as tree_lib
+from purejax.models import gpt_moe
 from purejax.nn import activations, attention, check_keys, dropout, embedding, initializers, layer_norm, mlp, stack
 from purejax.nn import remat as remat_lib
 
@@ -53,6 +54,8 @@ class GPTConfig:
             the same maths, equal to float32 rounding (XLA fuses the two programs differently).
         remat: "none", "block" or a policy: what each block keeps for the backward pass (purejax/nn/remat.py).
         attention_impl: passed to `purejax.nn.attention` ("auto", "fused" or "einsum").
+        n_experts, expert_top_k, capacity_factor, moe_aux_weight: n_experts > 0 makes every block's MLP a
+            mixture of experts with top-k routing, a capacity (0: none) and a load-balancing loss (gpt_moe.py).
     """
 
     block_size: int = 1024
@@ -66,6 +69,10 @@ class GPTConfig:
     layers: Literal["scan", "loop"] = "scan"
     attention_impl: attention.Impl = "auto"
     remat: str = "none"
+    n_experts: int = 0
+    expert_top_k: int = 2
+    capacity_factor: float = 1.25
+    moe_aux_weight: float = 0.01
 
     def __post_init__(self):
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -82,6 +89,7 @@ class GPTConfig:
         for name, allowed in (("gelu", ("exact", "tanh")), ("layers", ("scan", "loop")), ("remat", remat_lib.CHOICES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"GPTConfig: {name} must be one of {allowed}, got {getattr(self, name)!r}")
+        gpt_moe.check_config(self)
         self.attention  # noqa: B018 - builds the AttentionConfig, so its errors (impl, dropout) surface here
 
     @property
@@ -108,11 +116,15 @@ def init(key: PRNGKeyArray, config: GPTConfig) -> Params:
 
     def block_init(key):
         keys = prandom.named_keys(key, "attn", "mlp")
+        if config.n_experts:  # a mixture of experts in place of the MLP (gpt_moe.py)
+            ffn = {"moe": gpt_moe.init(keys["mlp"], config, w_init=normal, proj_init=residual)}
+        else:
+            ffn = {"mlp": mlp.init(keys["mlp"], d, 4 * d, bias=config.bias, w_init=normal, proj_init=residual)}
         return {
             "ln_1": layer_norm.init(None, d, bias=config.bias),
             "attn": attention.init(keys["attn"], config.attention, w_init=normal, proj_init=residual),
             "ln_2": layer_norm.init(None, d, bias=config.bias),
-            "mlp": mlp.init(keys["mlp"], d, 4 * d, bias=config.bias, w_init=normal, proj_init=residual),
+            **ffn,
         }
 
     return {
@@ -123,39 +135,45 @@ def init(key: PRNGKeyArray, config: GPTConfig) -> Params:
     }
 
 
-def block(
-    params: Params,
-    x: Float[Array, "batch seq d_model"],
-    config: GPTConfig,
-    *,
-    key: PRNGKeyArray | None = None,
-    axis_name: str | None = None,
-) -> Float[Array, "batch seq d_model"]:
-    """One pre-LayerNorm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)). Under tensor
-    parallelism x is replicated over `axis_name`; attention and the MLP each end with one psum over it."""
+def block_with_stats(
+    params: Params, x: Float[Array, "batch seq d_model"], config: GPTConfig, *, key: PRNGKeyArray | None = None,
+    axis_name: str | None = None, moe_axes: gpt_moe.MoEAxes | None = None,
+) -> tuple[Float[Array, "batch seq d_model"], gpt_moe.Stats]:  # fmt: skip
+    """One pre-LayerNorm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)), and the mixture of
+    experts' statistics (none for a dense MLP). Under tensor parallelism x is replicated over `axis_name`;
+    attention and the MLP each end with one psum over it."""
     keys = prandom.named_keys(key, "attn", "mlp") if key is not None else {"attn": None, "mlp": None}
     h = layer_norm.apply(params["ln_1"], x)
     x = x + attention.apply(params["attn"], h, config.attention, key=keys["attn"], axis_name=axis_name)
     h = layer_norm.apply(params["ln_2"], x)
-    return x + mlp.apply(
-        params["mlp"], h, activation=config.activation, dropout=config.dropout, key=keys["mlp"], axis_name=axis_name
-    )
+    if "moe" in params:
+        y, stats = gpt_moe.apply(params["moe"], h, config, key=keys["mlp"], axis_name=axis_name, moe_axes=moe_axes)
+    else:
+        y, stats = mlp.apply(params["mlp"], h, activation=config.activation, dropout=config.dropout,
+                             key=keys["mlp"], axis_name=axis_name), {}  # fmt: skip
+    return x + y, stats
 
 
-def hidden(
-    params: Params,
-    idx: Integer[ArrayLike, "batch seq"],
-    config: GPTConfig,
-    *,
-    key: PRNGKeyArray | None = None,
-    axis_name: str | None = None,
-    wrap_block: Callable[[Callable], Callable] | None = None,
-) -> Float[Array, "batch seq d_model"]:
-    """Token ids to the final LayerNorm's output, the input of the tied head. Each layer's dropout key is
-    `fold_in(key, layer)` (`stack.layer_keys`), so "scan" and "loop" drop the same units.
+def block(params: Params, x: Float[Array, "batch seq d_model"], config: GPTConfig, **kwargs: Any) -> Array:
+    """`block_with_stats`'s output without the statistics."""
+    return block_with_stats(params, x, config, **kwargs)[0]
 
-    `wrap_block` wraps the per-layer function `(layer_params, x, key) -> x` before the blocks run; without
-    it, that is `block`. gpt_parallel.py uses it to gather a fully sharded layer's params inside the scan."""
+
+def hidden(params: Params, idx: Integer[ArrayLike, "batch seq"], config: GPTConfig, **kwargs: Any) -> Array:
+    """`hidden_with_stats`'s output, (batch, seq, d_model), without the statistics."""
+    return hidden_with_stats(params, idx, config, **kwargs)[0]
+
+
+def hidden_with_stats(
+    params: Params, idx: Integer[ArrayLike, "batch seq"], config: GPTConfig, *, key: PRNGKeyArray | None = None,
+    axis_name: str | None = None, wrap_block: Callable | None = None, moe_axes: gpt_moe.MoEAxes | None = None,
+) -> tuple[Float[Array, "batch seq d_model"], gpt_moe.Stats]:  # fmt: skip
+    """Token ids to the final LayerNorm's output, the input of the tied head, and the blocks' MoE statistics
+    summed over the layers. Each layer's dropout key is `fold_in(key, layer)` (`stack.layer_keys`), so "scan"
+    and "loop" drop the same units.
+
+    `wrap_block` wraps the per-layer function `(layer_params, (x, stats), key) -> (x, stats)` before the
+    blocks run. gpt_parallel.py uses it to gather a fully sharded layer's params inside the scan."""
     idx = jnp.asarray(idx)
     check_inputs(params, idx, config, axis_name=axis_name)
     dropout_on = key is not None and config.dropout > 0
@@ -164,8 +182,9 @@ def hidden(
     x = embedding.apply(params["wte"], idx, axis_name=axis_name) + embedding.apply(params["wpe"], positions)
     x = dropout.apply(x, rate=config.dropout, key=keys["embd"])
 
-    def layer(p, x, key):
-        return block(p, x, config, key=key, axis_name=axis_name)
+    def layer(p, carry, key):
+        x, stats = block_with_stats(p, carry[0], config, key=key, axis_name=axis_name, moe_axes=moe_axes)
+        return x, jax.tree.map(jnp.add, carry[1], stats)
 
     layer = layer if wrap_block is None else wrap_block(layer)
     layer = remat_lib.wrap(layer, config.remat, prevent_cse=config.layers == "loop")  # inside the scan: no CSE
@@ -173,22 +192,19 @@ def hidden(
         run, blocks = stack.scan, params["blocks"]
     else:
         run, blocks = stack.loop, stack.unstack(params["blocks"])  # slices per layer: free under jit
+    carry = (x, gpt_moe.no_stats(config))
     if dropout_on:
         layer_keys = stack.layer_keys(keys["blocks"], config.n_layer)
-        x, _ = run(lambda p, x, k: (layer(p, x, k), None), blocks, x, xs=layer_keys)
+        (x, stats), _ = run(lambda p, c, k: (layer(p, c, k), None), blocks, carry, xs=layer_keys)
     else:
-        x = run(lambda p, x: layer(p, x, None), blocks, x)
-    return layer_norm.apply(params["ln_f"], x)
+        x, stats = run(lambda p, c: layer(p, c, None), blocks, carry)
+    return layer_norm.apply(params["ln_f"], x), stats
 
 
 def apply(
-    params: Params,
-    idx: Integer[ArrayLike, "batch seq"],
-    config: GPTConfig,
-    *,
-    key: PRNGKeyArray | None = None,
+    params: Params, idx: Integer[ArrayLike, "batch seq"], config: GPTConfig, *, key: PRNGKeyArray | None = None,
     axis_name: str | None = None,
-) -> Float[Array, "batch seq vocab"]:
+) -> Float[Array, "batch seq vocab"]:  # fmt: skip
     """Logits for every position. With a `key`, dropout is on (training). With `axis_name` (tensor
     parallelism, inside `shard_map`), this device's slice of the vocabulary."""
     h = hidden(params, idx, config, key=key, axis_name=axis_name)
@@ -196,19 +212,17 @@ def apply(
 
 
 def loss(
-    params: Params,
-    batch: tuple[Integer[ArrayLike, "batch seq"], Integer[ArrayLike, "batch seq"]],
-    config: GPTConfig,
-    *,
-    key: PRNGKeyArray | None = None,
-    axis_name: str | None = None,
-) -> Float[Array, ""]:
+    params: Params, batch: tuple[Integer[ArrayLike, "batch seq"], Integer[ArrayLike, "batch seq"]], config: GPTConfig,
+    *, key: PRNGKeyArray | None = None, axis_name: str | None = None,
+) -> Float[Array, ""]:  # fmt: skip
     """Mean next-token cross-entropy of `(idx, targets)`, in float32; targets of -1 are ignored and not
-    counted (nanoGPT's `ignore_index=-1`). With `axis_name`, from the vocab-parallel logits, never gathered."""
+    counted (nanoGPT's `ignore_index=-1`). With `axis_name`, from the vocab-parallel logits, never gathered.
+    With experts, plus the weighted load-balancing loss (`gpt_moe.aux_loss`)."""
     idx, targets = batch
-    logits = apply(params, idx, config, key=key, axis_name=axis_name)
-    per_token = losses.cross_entropy(logits, targets, ignore_index=-1, axis_name=axis_name)
-    return losses.masked_mean(per_token, jnp.asarray(targets) != -1)
+    h, stats = hidden_with_stats(params, idx, config, key=key, axis_name=axis_name)
+    per_token = losses.cross_entropy(embedding.attend(params["wte"], h), targets, ignore_index=-1, axis_name=axis_name)
+    mean = losses.masked_mean(per_token, jnp.asarray(targets) != -1)
+    return mean + gpt_moe.aux_loss(stats, config) if stats else mean
 
 
 # ---------------------------------------------------------------- accounting (surgery: gpt_surgery.py)
@@ -222,8 +236,10 @@ def num_params(params: Params, non_embedding: bool = True) -> int:
 
 def flops_per_token(config: GPTConfig) -> int:
     """Forward plus backward FLOPs per token, nanoGPT's estimate (PaLM paper, appendix B): 6N for the matmuls
-    with the N non-embedding parameters, plus 12 * n_layer * n_head * head_dim * block_size for attention."""
-    n = num_params(jax.eval_shape(functools.partial(init, config=config), jax.random.key(0)))
+    with the N non-embedding parameters (a token's expert_top_k experts of n_experts, with experts), plus
+    12 * n_layer * n_head * head_dim * block_size for attention."""
+    shapes = jax.eval_shape(functools.partial(init, config=config), jax.random.key(0))
+    n = num_params(shapes) - gpt_moe.idle_params(shapes, config)
     return 6 * n + 12 * config.n_layer * config.n_head * (config.n_embd // config.n_head) * config.block_size
 
 

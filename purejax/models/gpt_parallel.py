@@ -23,6 +23,9 @@ What each axis of `axes` (a `purejax.parallel.MeshAxes`) does here; docs/paralle
   positions, attention runs as a ring (`purejax.parallel.ring_attention`, n-1 `ppermute`s of a key/value
   block per layer), everything else is per token; the loss's sum and count are psummed over it too. Attention
   dropout is refused (the ring has none).
+- `axes.sequence_parallel`: Megatron sequence parallelism (`purejax.parallel.sequence`): between the
+  tensor-parallel regions each device of `axes.model` holds its slice of the sequence; each block's two psums
+  become an all-gather before and a reduce-scatter after each region, and the head gathers the whole sequence.
 `MeshAxes()` (or None) is one device: `apply` and `loss` are then gpt.py's, unchanged.
 """
 
@@ -36,11 +39,13 @@ from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, ArrayLike, Float, Integer, PRNGKeyArray
 
 from purejax import losses, parallel
-from purejax.models import gpt
+from purejax import random as prandom
+from purejax.models import gpt, gpt_moe
 from purejax.models.gpt import GPTConfig, Params
 from purejax.nn import attention, embedding, layer_norm, linear, mlp, stack
 from purejax.nn import remat as remat_lib
-from purejax.parallel import MODEL, MeshAxes, context
+from purejax.parallel import MODEL, MeshAxes, context, sequence
+from purejax.parallel.experts import EXPERT
 from purejax.parallel.ring_attention import ring_attention
 
 # Megatron-LM's layout, rows read top down, first match wins. MODEL is the role of the tensor-parallel axis
@@ -53,7 +58,8 @@ SHARDING_RULES: tuple[tuple[str, P], ...] = (
     (r"blocks\.mlp\.fc\.w", P(None, None, MODEL)),  # column-parallel
     (r"blocks\.mlp\.fc\.b", P(None, MODEL)),
     (r"blocks\.mlp\.proj\.w", P(None, MODEL, None)),  # row-parallel
-    (r".*", P()),  # wpe, LayerNorms, the row-parallel biases: replicated
+    *gpt_moe.SHARDING_RULES,  # mixture of experts: the experts over the data axis with ep (parallel/experts.py)
+    (r".*", P()),  # wpe, LayerNorms, the row-parallel biases, the MoE router: replicated
 )
 
 
@@ -76,9 +82,12 @@ def param_specs(config: GPTConfig, axes: MeshAxes, axis_sizes: Mapping[str, int]
                 f"{axes.model!r}; tensor parallelism needs {name} divisible by {tp}{hint}"
             )
     shapes = _shapes(config)
-    specs = parallel.specs_from_rules(shapes, SHARDING_RULES, {MODEL: axes.model})
+    gpt_moe.mesh_axes(config, axes, axis_sizes)  # checks the MoE options against the mesh
+    roles = {MODEL: axes.model, EXPERT: axes.data if axes.ep else None}
+    specs = parallel.specs_from_rules(shapes, SHARDING_RULES, roles)
     if axes.fsdp:
-        specs = parallel.fsdp_specs(shapes, specs, axes.data, axis_sizes[axes.data], stacked=("blocks",))
+        fsdp = parallel.fsdp_specs(shapes, specs, axes.data, axis_sizes[axes.data], stacked=("blocks",))
+        specs = gpt_moe.fsdp_specs(specs, fsdp, axes)  # with ep, the experts stay split as the rules say
     parallel.check_divisible(shapes, specs, axis_sizes)
     return specs
 
@@ -107,7 +116,7 @@ def apply(
 ) -> Float[Array, "batch seq vocab"]:
     """`gpt.apply` on this device's shards: the logits of its rows of the batch, for its slice of the
     vocabulary under tensor parallelism."""
-    params, h = _forward(params, idx, config, key, axes)
+    params, h, _ = _forward(params, idx, config, key, axes)
     return embedding.attend(params["wte"], h)  # the tied head (wte whole over the data axis, even with FSDP)
 
 
@@ -121,10 +130,25 @@ def loss(
 ) -> Float[Array, ""]:
     """`gpt.loss` over the whole batch, every data shard's rows together: the sum of the token losses and
     their count are psummed over `axes.data` (and `axes.context`) before dividing, so a shard with more
-    ignored targets (-1) weighs less, as on one device. The same value on every device."""
+    ignored targets (-1) weighs less, as on one device. The same value on every device. With experts
+    (n_experts > 0), plus the weighted load-balancing loss: `loss_and_metrics`'s loss."""
+    return loss_and_metrics(params, batch, config, key=key, axes=axes)[0]
+
+
+def loss_and_metrics(
+    params: Params, batch: tuple[Integer[ArrayLike, "batch seq"], Integer[ArrayLike, "batch seq"]], config: GPTConfig,
+    *, key: PRNGKeyArray | None = None, axes: MeshAxes | None = None,
+) -> tuple[Float[Array, ""], dict[str, Array]]:  # fmt: skip
+    """(`loss`, the mixture of experts' metrics for the training log (`gpt_moe.metrics`; {} when dense)):
+    the cross-entropy plus moe_aux_weight times the load-balancing loss, both the whole batch's."""
     axes = MeshAxes() if axes is None else axes
-    idx, targets = batch
-    logits = apply(params, idx, config, key=key, axes=axes)
+    params, h, stats = _forward(params, batch[0], config, key, axes)
+    ce = _cross_entropy(embedding.attend(params["wte"], h), batch[1], axes)
+    return (ce + gpt_moe.aux_loss(stats, config), gpt_moe.metrics(stats, config)) if stats else (ce, {})
+
+
+def _cross_entropy(logits: Float[Array, "batch seq vocab"], targets: Any, axes: MeshAxes) -> Float[Array, ""]:
+    """The mean token loss of the whole batch (see `loss`), from this device's logits."""
     per_token = losses.cross_entropy(logits, targets, ignore_index=-1, axis_name=axes.model)
     if axes.context is None:
         return losses.masked_mean(per_token, jnp.asarray(targets) != -1, axis_name=axes.data)
@@ -134,12 +158,12 @@ def loss(
     return total / jnp.maximum(count, 1.0)
 
 
-def _forward(params: Params, idx: Any, config: GPTConfig, key: Any, axes: MeshAxes | None) -> tuple[Params, Array]:
-    """(params with the top-level ones gathered under FSDP, gpt.hidden's output), after checking that the
-    params are this device's shards."""
+def _forward(params: Params, idx: Any, config: GPTConfig, key: Any, axes: MeshAxes | None) -> tuple[Params, Array, Any]:
+    """(params with the top-level ones gathered under FSDP, gpt.hidden's output, the MoE statistics), after
+    checking that the params are this device's shards."""
     axes = MeshAxes() if axes is None else axes
     if axes == MeshAxes():
-        return params, gpt.hidden(params, idx, config, key=key)
+        return params, *gpt.hidden_with_stats(params, idx, config, key=key)
     sizes = {name: jax.lax.axis_size(name) for name in (axes.data, axes.model) if name is not None}
     specs = param_specs(config, axes, sizes)
     check_shards(params, config, specs)
@@ -147,11 +171,16 @@ def _forward(params: Params, idx: Any, config: GPTConfig, key: Any, axes: MeshAx
     if axes.fsdp:  # the top-level matrices once per pass; each block's inside the scan, as it runs
         top = {name: value for name, value in params.items() if name != "blocks"}
         params = {**parallel.gather(top, {name: specs[name] for name in top}, axes.data), "blocks": params["blocks"]}
-        layer_specs = parallel.layer_specs(specs["blocks"])
+        layer_specs = gpt_moe.gathered_specs(parallel.layer_specs(specs["blocks"]), axes)
         wrap_block = functools.partial(parallel.gathered, specs=layer_specs, axis=axes.data)
     if axes.context is not None:
-        return params, _context_hidden(params, idx, config, key, axes, wrap_block)
-    return params, gpt.hidden(params, idx, config, key=key, axis_name=axes.model, wrap_block=wrap_block)
+        return params, _context_hidden(params, idx, config, key, axes, wrap_block), {}
+    if axes.sequence_parallel:
+        return params, _sequence_hidden(params, idx, config, key, axes.model, wrap_block), {}
+    moe_axes = gpt_moe.mesh_axes(config, axes, sizes)
+    return params, *gpt.hidden_with_stats(
+        params, idx, config, key=key, axis_name=axes.model, wrap_block=wrap_block, moe_axes=moe_axes
+    )
 
 
 def _context_hidden(
@@ -194,6 +223,54 @@ def _ring_block(
     x = x + linear.apply(p["attn"]["proj"], out, axis_name=axes.model)
     h = layer_norm.apply(p["ln_2"], x)
     return x + mlp.apply(p["mlp"], h, activation=config.activation, axis_name=axes.model)
+
+
+def _sequence_hidden(
+    params: Params, idx: Integer[ArrayLike, "batch seq"], config: GPTConfig, key: PRNGKeyArray | None,
+    axis: str, wrap_block: Callable | None,
+) -> Float[Array, "batch seq d_model"]:  # fmt: skip
+    """`gpt.hidden` with the residual stream on this device's slice of the sequence (`axis`): the vocab-parallel
+    embedding reduce-scattered, each block on the slice, ln_f on it, then the whole sequence gathered for the
+    vocab-parallel head. The dropout keys are gpt.hidden's, so the masks are tensor parallelism's."""
+    idx = jnp.asarray(idx)
+    gpt.check_inputs(params, idx, config, axis_name=axis)
+    sequence.check_length(idx.shape[1], axis)
+    if config.n_experts:
+        raise ValueError(f"gpt: sequence parallelism has the dense MLP only, but n_experts={config.n_experts}")
+    keys = prandom.named_keys(key, "embd", "blocks") if key is not None and config.dropout > 0 else None
+    positions = sequence.local_slice(jnp.arange(idx.shape[1]), axis, axis=0)
+    x = sequence.scatter(embedding.vocab_shard_rows(params["wte"], idx, axis_name=axis), axis)
+    x = x + embedding.apply(params["wpe"], positions)
+    x = sequence.local_dropout(x, rate=config.dropout, key=keys and keys["embd"], axis_name=axis)
+
+    def layer(p, x, key):
+        return _sequence_block(p, x, config, key, axis)
+
+    layer = layer if wrap_block is None else wrap_block(layer)
+    layer = remat_lib.wrap(layer, config.remat, prevent_cse=config.layers == "loop")  # inside the scan: no CSE
+    if config.layers == "scan":
+        run, blocks = stack.scan, params["blocks"]
+    else:
+        run, blocks = stack.loop, stack.unstack(params["blocks"])
+    if keys is None:
+        x = run(lambda p, x: layer(p, x, None), blocks, x)
+    else:
+        layer_keys = stack.layer_keys(keys["blocks"], config.n_layer)
+        x, _ = run(lambda p, x, k: (layer(p, x, k), None), blocks, x, xs=layer_keys)
+    return sequence.gather(layer_norm.apply(params["ln_f"], x), axis)
+
+
+def _sequence_block(
+    p: Params, x: Float[Array, "batch t d_model"], config: GPTConfig, key: PRNGKeyArray | None, axis: str
+) -> Float[Array, "batch t d_model"]:
+    """`gpt.block` on this device's slice of the sequence (`axis`): x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+    keys = prandom.named_keys(key, "attn", "mlp") if key is not None else {"attn": None, "mlp": None}
+    h = layer_norm.apply(p["ln_1"], x)
+    x = x + sequence.attention(p["attn"], h, config.attention, key=keys["attn"], axis_name=axis)
+    h = layer_norm.apply(p["ln_2"], x)
+    return x + sequence.mlp(
+        p["mlp"], h, activation=config.activation, dropout=config.dropout, key=keys["mlp"], axis_name=axis
+    )
 
 
 def check_shards(params: Params, config: GPTConfig, specs: Params) -> None:

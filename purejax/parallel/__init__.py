@@ -6,6 +6,10 @@
   whole training state.
 - `fsdp`: ZeRO-3: `fsdp_specs` splits params over the data axis too, `gather` all-gathers them before use,
   `gathered` does so inside one layer of a model.
+- `sequence`: Megatron sequence parallelism: with tensor parallelism, the layers between its regions on this
+  device's slice of the sequence (`gather`, `scatter`, `local_dropout`; `MeshAxes(sequence_parallel=True)`).
+- `experts`: expert parallelism: a mixture of experts' experts split over the data axis, tokens sent to
+  them and back by `all_to_all` (`to_experts`, `from_experts`; purejax/nn/moe.py, `MeshAxes(ep=True)`).
 - `step`: `sharded_train_step`, `purejax.optim.train_step` under `shard_map`, with data parallelism in it:
   each data shard differentiates its own copy of the params, and one `psum` per step sums the gradients.
 - `distributed`: `initialize` (jax.distributed under srun, mpirun or our launcher, or from flags or

@@ -16,7 +16,8 @@ the learning rate is a function of the step, so an interrupted and resumed run p
 parameters as an uninterrupted one, bit for bit.
 
 Several devices: `--dp` data-parallel groups of `--tp` tensor-parallel devices, `--fsdp` to split params and
-optimizer state over the data groups too (docs/parallelism.md); `batch_size` is the global batch, so without
+optimizer state over the data groups too (docs/parallelism.md), `--cp` and `--pp` to split every sequence or the
+layers over devices (docs/parallel-context.md, docs/parallel-pipeline.md); `batch_size` is the global batch, so without
 dropout every mesh computes the same thing (dropout masks depend on the data shard). Several processes
 (docs/multihost.md), started by `srun`, `mpirun` or `python -m purejax.parallel.launch`, each read only their rows
 of every batch; process 0 alone writes logs and checkpoints. A resumed run takes the device settings from this
@@ -30,17 +31,17 @@ import sys
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
 from purejax import checkpoint, optim, parallel
-from purejax.models import gpt, gpt_parallel
-from purejax.parallel import MeshAxes, distributed
-from purejax.precision import Policy, with_policy
+from purejax.models import gpt
+from purejax.parallel import distributed
+from purejax.precision import resolve_compute_dtype
 from purejax.train import config as config_lib
 from purejax.train import data as data_lib
 from purejax.train import observe, resume, run
 from purejax.train.gpt_config import TrainConfig, decays, load_gpt2, make_optimizer, new_state
+from purejax.train.gpt_steps import compile_step, make_loss_fn, model_specs
 from purejax.train.loop import Loop
 from purejax.train.parallel import Devices, start_devices
 
@@ -48,18 +49,8 @@ __all__ = ["TrainConfig", "decays", "main", "make_loss_fn", "make_optimizer", "p
 PROGRAM = "train.gpt"
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "gelu")
 DATA_KEYS = ("dataset", "tokenizer")
-LAUNCH_KEYS = ("dp", "tp", "fsdp", "coordinator", "num_processes", "process_id")  # never taken from a checkpoint
-
-
-def make_loss_fn(model: gpt.GPTConfig, policy: Policy, axes: MeshAxes = MeshAxes()):
-    """`(params, batch, key) -> (loss, {})` for `optim.train_step`, run in the policy's compute dtype, on the
-    devices of `axes` (the loss is then the mean over all data shards; the step sums the gradients)."""
-    loss = with_policy(functools.partial(gpt_parallel.loss, config=model, axes=axes), policy)
-
-    def loss_fn(params, batch, key):
-        return loss(params, batch, key=key), {}
-
-    return loss_fn
+LAUNCH_KEYS = ("dp", "tp", "cp", "pp", "micro_batches", "pipeline_schedule", "fsdp", "sp", "coordinator",
+               "num_processes", "process_id")  # never from a checkpoint: a run continues on another mesh  # fmt: skip
 
 
 def estimate_loss(
@@ -133,7 +124,7 @@ def choose_model(cfg: TrainConfig, vocab_size: int, devices: Devices, saved: dic
         if model.vocab_size % cfg.tp:  # padded for the tp the run started with
             raise ValueError(f"the model's vocabulary ({model.vocab_size} rows) cannot be split over --tp={cfg.tp}; "
                              f"use a tp that divides {model.vocab_size}")  # fmt: skip
-        param_specs = gpt_parallel.param_specs(model, devices.axes, devices.mesh.shape) if devices.sharded else None
+        param_specs = model_specs(model, devices)
         devices.local_rows(cfg.batch_size)  # checks that the batch splits over dp
     except (config_lib.ConfigError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
@@ -178,6 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
     with run.StopSignal() as stop, observe.Observer() as observer:  # a signal while starting up: no traceback
         cfg = parse(argv)
         devices = start_devices(cfg)
+        cfg = dataclasses.replace(cfg, dtype=resolve_compute_dtype(cfg.dtype, jax.default_backend()))  # "auto"
 
         # ------------------------------------------------ everything that can fail does so before compiling
         out_dir = run.prepare_out_dir(cfg.out_dir)
@@ -205,26 +197,6 @@ def main(argv: list[str] | None = None) -> dict:
         return train(cfg, model, dataset, devices, state, (step_fn, eval_loss), manager, config, info, stop, observer)
 
 
-def compile_step(cfg: TrainConfig, model: gpt.GPTConfig, devices: Devices, state_specs: Any, param_specs: Any):
-    """(the training step `(state, batch) -> (state, metrics)`, the loss `(params, x, y) -> loss`) on the
-    devices, in the policy's compute dtype; compiled on first use."""
-    policy = Policy(jnp.float32, cfg.dtype, jnp.float32)
-    optimizer = make_optimizer(cfg, devices.axes.data)  # the data axis: Shampoo shares its roots over it
-    step_kwargs = dict(loss_fn=make_loss_fn(model, policy, devices.axes), optimizer=optimizer,
-                       max_grad_norm=cfg.grad_clip or None, micro_batches=cfg.gradient_accumulation_steps)  # fmt: skip
-    if not cfg.compile and devices.sharded:
-        raise SystemExit("error: --compile=False (op by op, for debugging) runs on one device; drop --dp/--tp/--fsdp")
-    if cfg.compile:
-        step_fn = devices.train_step(state_specs, **step_kwargs)
-    else:
-        step_fn = functools.partial(optim.train_step, **step_kwargs)
-
-    def loss(params, batch, axes):
-        return with_policy(functools.partial(gpt_parallel.loss, config=model, axes=axes), policy)(params, batch)
-
-    return step_fn, devices.evaluate(loss, param_specs)
-
-
 def train(
     cfg: TrainConfig,
     model: gpt.GPTConfig,
@@ -246,7 +218,7 @@ def train(
     rows = devices.local_rows(global_batch)  # this process reads only these rows of every batch
     batches = data_lib.batches(dataset.train, global_batch, cfg.block_size, cfg.seed, start, rows=rows)
     batches = data_lib.prefetch(batches, put=lambda batch: devices.put_batch(batch, global_batch))
-    tokens_per_iter, peak = global_batch * cfg.block_size, cfg.peak_flops or run.measure_matmul_flops()
+    tokens_per_iter, peak = global_batch * cfg.block_size, cfg.peak_flops or run.peak_flops()
     best = resumed.metadata.get("best_val_loss", math.inf) if resumed else math.inf
     # An "eval" or "end" checkpoint was saved right after evaluating its iteration; a "signal" one was not.
     evaluated_at = start if resumed and resumed.metadata.get("reason") in ("eval", "end") else None
@@ -280,9 +252,12 @@ def train(
     loop.say(f"model: {gpt.num_params(state.params) / 1e6:.2f}M non-embedding params, {model}")
     loop.say(f"data: {len(dataset.train):,} train / {len(dataset.val):,} val tokens, vocab {model.vocab_size}; "
              f"{tokens_per_iter:,} tokens per iter; MFU against {peak / 1e9:.0f} GFLOP/s")  # fmt: skip
+    loop.say(f"dtype: {cfg.dtype} compute, float32 params, on {jax.default_backend()}")
     if devices.sharded:
         cp = f", sequences split over cp={devices.cp}" if devices.cp > 1 else ""
-        mesh = f"{devices.dp} x {devices.tp} mesh{' (fsdp)' if devices.fsdp else ''}{cp}"
+        cp += ", sequence parallel over tp (sp)" if devices.sp else ""
+        pp = f", {devices.pp} pipeline stages ({cfg.pipeline_schedule}, {cfg.micro_batches} micro-batches)"
+        mesh = f"{devices.dp} x {devices.tp} mesh{' (fsdp)' if devices.fsdp else ''}{cp}{pp if devices.pp > 1 else ''}"
         loop.say(f"devices: {mesh} of {jax.device_count()} {jax.devices()[0].platform} devices in "
                  f"{jax.process_count()} process(es)")  # fmt: skip
     if resumed:

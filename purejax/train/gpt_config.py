@@ -48,6 +48,12 @@ class TrainConfig(RunSettings):
     layers: Literal["scan", "loop"] = setting("scan", "blocks as one lax.scan (compiles once) or a Python loop")
     remat: str = setting("none", "recompute activations in the backward pass: 'none', 'block' or a "
                          "jax.checkpoint_policies name (purejax/nn/remat.py)", check=remat_lib.check)  # fmt: skip
+    # mixture of experts (purejax/models/gpt_moe.py, docs/parallel-experts.md)
+    n_experts: int = setting(0, "experts per block's MLP (0: a dense MLP; else >= 2)", at_least=0)
+    expert_top_k: int = setting(2, "experts each token goes to (1 to n_experts)", at_least=1)
+    capacity_factor: float = setting(1.25, "tokens an expert takes, as a multiple of an even share (per device); "
+                                     "the rest skip the layer (0: no limit)", at_least=0)  # fmt: skip
+    moe_aux_weight: float = setting(0.01, "weight of the load-balancing loss (Switch Transformer)", at_least=0)
     # AdamW, weight decay on matmul weights and embeddings only, gradient clipping
     learning_rate: float = setting(1e-3, "the peak learning rate, reached after the warmup", above=0)
     max_iters: int = setting(2000, "optimizer steps in all", at_least=0)
@@ -72,21 +78,32 @@ class TrainConfig(RunSettings):
     lr_decay_iters: int = setting(2000, "the step at which the cosine decay reaches min_lr", at_least=1)
     min_lr: float = setting(1e-4, "the learning rate at the end of the decay", at_least=0)
     # system
-    dtype: Literal["float32", "bfloat16", "float16"] = setting("float32", "compute dtype (params stay float32; "
-                                                               "float16 adds a dynamic loss scale)")  # fmt: skip
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = setting(
+        "auto", "compute dtype, params float32; auto: bfloat16 on a GPU or TPU, float32 on a CPU; float16 adds a "
+        "dynamic loss scale")  # fmt: skip
     compile: bool = setting(True, "jit the step; false runs it op by op, for debugging")
     seed: int = setting(1337, "the seed of the init, the batches and dropout", at_least=0, below=2**32)
-    peak_flops: float = setting(0.0, "FLOP/s that MFU is a fraction of; 0 measures this machine's matmul rate",
-                                at_least=0)  # fmt: skip
+    peak_flops: float = setting(0.0, "FLOP/s that MFU is a fraction of; 0: a known accelerator's bfloat16 "
+                                "peak, else this machine's measured matmul rate", at_least=0)  # fmt: skip
     progress: bool = setting(True, "a progress bar on a terminal with tqdm; else a line every log_interval")
     max_bad_steps: int = setting(100, "stop after this many steps in a row with a non-finite loss or gradients "
                                  "(0: never)", at_least=0)  # fmt: skip
-    # devices: a dp x cp x tp mesh (dp * cp * tp devices over all processes), optionally fully sharded
+    # devices: pp stages of a dp x cp x tp mesh (pp * dp * cp * tp devices over all processes), optionally fully sharded
     dp: int = setting(1, "data-parallel groups (batch_size must divide by dp)", at_least=1)
     tp: int = setting(1, "tensor-parallel devices per group (n_head must divide by tp)", at_least=1)
     cp: int = setting(1, "context-parallel devices per group: the sequence split over them, attention as a ring "
                       "(block_size must divide by 2 * cp; no dropout)", at_least=1)  # fmt: skip
     fsdp: bool = setting(False, "also split params and optimizer state over the dp groups")
+    ep: bool = setting(False, "expert parallelism: the experts split over the dp groups, tokens sent to them by "
+                       "all_to_all (n_experts must divide by dp)")  # fmt: skip
+    sp: bool = setting(False, "with tp > 1: Megatron sequence parallelism, LayerNorm and dropout on sequence "
+                       "shards over the tp devices (block_size must divide by tp)")  # fmt: skip
+    pp: int = setting(1, "pipeline stages: the blocks split over them in order (n_layer must divide by pp)", at_least=1)
+    micro_batches: int = setting(1, "with pp > 1: micro-batches each batch is pipelined in (batch_size / dp must "
+                                 "divide by it)", at_least=1)  # fmt: skip
+    pipeline_schedule: Literal["gpipe", "1f1b"] = setting(
+        "1f1b", "with pp > 1: all forwards, then all backwards (gpipe), or one of each in turn (1f1b, less memory)"
+    )
     # processes: "" / 0 / -1 take what the launcher set (srun, mpirun, purejax.parallel.launch), else one process
     coordinator: str = setting("", "host:port of process 0")
     num_processes: int = setting(0, "processes in the run (0: from the launcher, else 1)", at_least=0)
@@ -108,6 +125,47 @@ class TrainConfig(RunSettings):
             raise config_lib.ConfigError(
                 f"--cp={self.cp} gives each device two chunks of the sequence (zig-zag order), so "
                 f"block_size={self.block_size} must divide by 2 * cp = {2 * self.cp}"
+            )
+        if self.sp and (self.tp == 1 or self.block_size % self.tp or self.cp > 1 or self.pp > 1):
+            raise config_lib.ConfigError(
+                f"--sp splits the sequence over the --tp devices: it needs --tp > 1 and block_size divisible by tp "
+                f"and no --cp or --pp, but tp={self.tp}, block_size={self.block_size}, cp={self.cp}, pp={self.pp}"
+            )
+        self._check_pipeline()
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        """--n_experts and --ep: the modes a mixture of experts runs under (purejax/models/gpt_moe.py)."""
+        if self.ep and (self.n_experts == 0 or self.dp == 1 or self.n_experts % self.dp or self.optimizer != "adamw"):
+            raise config_lib.ConfigError(f"--ep splits the experts over the --dp groups: it needs n_experts > 0 "
+                                         f"divisible by dp and adamw, but n_experts={self.n_experts}, dp={self.dp}, "
+                                         f"optimizer={self.optimizer}")  # fmt: skip
+        if self.n_experts and (self.cp > 1 or self.sp or self.pp > 1):
+            raise config_lib.ConfigError(f"--n_experts={self.n_experts} (mixture of experts) runs with --dp, --tp, "
+                                         "--fsdp and --ep, not with --cp, --sp or --pp")  # fmt: skip
+
+    def _check_pipeline(self) -> None:
+        """--pp and --micro_batches: what a pipeline needs, and the modes it does not combine with."""
+        if self.pp == 1:
+            if self.micro_batches > 1:
+                raise config_lib.ConfigError(
+                    f"--micro_batches={self.micro_batches} splits each batch between pipeline stages, but --pp=1; "
+                    "use --pp > 1, or --gradient_accumulation_steps to split batches on one device"
+                )
+            return
+        clash = [flag for flag, on in (("--fsdp", self.fsdp), (f"--cp={self.cp}", self.cp > 1)) if on]
+        if clash or self.optimizer != "adamw":
+            flags = ", ".join(clash or [f"--optimizer={self.optimizer}"])
+            raise config_lib.ConfigError(f"--pp={self.pp} (pipeline parallelism) does not combine with {flags}: "
+                                         "use --pp with --dp, --tp and adamw")  # fmt: skip
+        if self.n_layer % self.pp:
+            raise config_lib.ConfigError(f"--pp={self.pp} stages of equal depth need n_layer={self.n_layer} to "
+                                         f"divide by {self.pp}")  # fmt: skip
+        if self.batch_size % self.dp or (self.batch_size // self.dp) % self.micro_batches:
+            raise config_lib.ConfigError(
+                f"batch_size={self.batch_size} over --dp={self.dp} is {self.batch_size / self.dp:g} rows per data "
+                f"shard, which must split into --micro_batches={self.micro_batches}: make batch_size a multiple "
+                f"of dp x micro_batches = {self.dp * self.micro_batches}"
             )
 
     def model_config(self, vocab_size: int) -> gpt.GPTConfig:
