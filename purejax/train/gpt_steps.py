@@ -11,6 +11,7 @@ optimizer and the data-parallel gradient sum run unchanged. Evaluation runs the 
 the params where they lie (each stage its own layers), with no gather.
 """
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -66,7 +67,8 @@ def model_specs(model: gpt.GPTConfig, devices: Devices) -> Any:
 
 def compile_step(cfg: TrainConfig, model: gpt.GPTConfig, devices: Devices, state_specs: Any, param_specs: Any):
     """(the training step `(state, batch) -> (state, metrics)`, the loss `(params, x, y) -> loss`) on the
-    devices, in the policy's compute dtype; compiled on first use."""
+    devices, in the policy's compute dtype; compiled on first use. The evaluation loss is the cross-entropy
+    alone (a mixture of experts' load-balancing term is in the training loss, not in train_loss/val_loss)."""
     policy, table = Policy(jnp.float32, cfg.dtype, jnp.float32), schedule(cfg)
     optimizer = make_optimizer(cfg, devices.axes.data)  # the data axis: Shampoo shares its roots over it
     step_kwargs = dict(loss_fn=make_loss_fn(model, policy, devices.axes, table), optimizer=optimizer,
@@ -79,7 +81,8 @@ def compile_step(cfg: TrainConfig, model: gpt.GPTConfig, devices: Devices, state
     else:
         step_fn = functools.partial(optim.train_step, **step_kwargs)
 
-    def loss(params, batch, axes):
-        return with_policy(model_loss(model, axes, table), policy)(params, batch)
+    def loss(params, batch, axes):  # the cross-entropy alone: a mixture of experts' aux term weighted 0
+        evaluated = dataclasses.replace(model, moe_aux_weight=0.0)
+        return with_policy(model_loss(evaluated, axes, table), policy)(params, batch)
 
     return step_fn, devices.evaluate(loss, param_specs)

@@ -59,6 +59,21 @@ def test_experts_that_copy_the_dense_mlp_compute_the_dense_gpt_plus_the_weighted
     assert float(metrics["moe_dropped"]) == 0.0
 
 
+def test_train_gpts_evaluation_reports_the_cross_entropy_alone_and_its_step_the_weighted_sum():
+    from purejax.train import gpt_steps
+    from purejax.train.parallel import Devices
+
+    dense = random_params(DENSE)
+    params, data = experts_copying_the_dense_mlp(dense), batch(DENSE)
+    cfg = TrainConfig(n_layer=3, n_head=2, n_embd=16, block_size=8, n_experts=4, max_iters=10, lr_decay_iters=10,
+                      warmup_iters=1, dtype="float32")  # fmt: skip
+    _, eval_loss = gpt_steps.compile_step(cfg, MOE, Devices(), None, None)
+    np.testing.assert_allclose(eval_loss(params, *data), gpt.loss(dense, data, DENSE), rtol=1e-5)
+    loss_fn = gpt_steps.make_loss_fn(MOE, gpt_steps.Policy(jnp.float32, "float32", jnp.float32))
+    loss, metrics = loss_fn(params, data, None)
+    np.testing.assert_allclose(loss, eval_loss(params, *data) + MOE.moe_aux_weight * metrics["moe_aux"], rtol=1e-5)
+
+
 def test_the_statistics_through_the_scan_are_the_blocks_one_by_one():
     """With capacity 1.0 (drops), the summed statistics equal each block's, run in a Python loop."""
     config = dataclasses.replace(MOE, capacity_factor=1.0)
