@@ -1,17 +1,23 @@
-"""Generation speed: `purejax.models.gpt_decode.generate` (key/value cache, one compiled scan) against nanoGPT's
-way, which runs the whole context through the model for every new token.
+"""Decoding speed of `purejax.models.gpt_decode.generate` against the memory floor, against the decoding step it
+replaced, and (with --recompute) against nanoGPT's way, which runs the whole context for every new token.
 
-    python -m bench.gpt_generate [--block 256] [--prompt 16] [--batch 1] [--repeats 3]
+    python -m bench.gpt_generate [--block 256] [--prompt 16] [--batches 1 8] [--repeats 7] [--recompute]
 
 The model has nanoGPT's shakespeare-char shape (6 layers, 6 heads, 384 wide, vocab 65) at the given block
-size, with random weights. From a short prompt, both produce block - prompt tokens greedily, so nanoGPT's
-context grows from the prompt to the whole block and never needs cropping.
+size, with random weights. From a short prompt, generation runs greedily to the end of the block.
 
-The baseline is nanoGPT's loop in JAX: a Python loop that, for each token, runs the jitted forward pass on
-the context so far and takes the arg-max of the last position. Jitting every context length would compile
-block - prompt programs, so the context is right-padded to the next multiple of 32 (the causal mask keeps
-the padding out of every real position) and the last real position is read: the work per token is within
-32 positions of nanoGPT's. Every bucket is compiled before timing. Both produce the same tokens (checked).
+**Per step.** The time of one decoding step is (t(N tokens) - t(2 tokens)) / (N - 2), N = block - prompt: the
+prefill, the dispatch and the last draw cancel. Both calls are timed interleaved (bench/timing.py) with the
+same for the step this one replaced, so machine noise hits all alike; medians are reported.
+
+**The floor.** A cached step multiplies one token per row by every weight and reads the whole cache (every
+layer's keys and values for block positions: the attention reads all slots, masking the unwritten ones), and
+does little arithmetic per byte. So it takes at least (param bytes + cache bytes) / read bandwidth, the
+bandwidth measured here by bench/membw.py (XLA's sum of a 512 MiB array, best of several).
+
+**Before** is the step of the previous gpt_decode, rebuilt here from the same pieces (`old_generate`): one
+stacked cache (n_layer, batch, block, heads, head_dim) threaded through a `lax.scan` over the layers, which
+slices every layer's params and cache out of the stacks and stacks the updated caches again at every step.
 """
 
 import argparse
@@ -23,13 +29,48 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bench import membw, timing
+from purejax import tree as tree_lib
 from purejax.models import gpt, gpt_decode
+from purejax.nn import attention_cache, embedding, layer_norm, mlp, stack
 
 BUCKET = 32
 
 
+@partial(jax.jit, static_argnames=("config", "max_new_tokens"))
+def old_generate(params, prompt, config, max_new_tokens):
+    """The previous gpt_decode.generate, greedy, within the block: a stacked cache scanned over the layers."""
+    one = attention_cache.init_cache(config.attention, prompt.shape[0], config.block_size, params["wte"]["w"].dtype)
+    cache = jax.tree.map(lambda a: jnp.broadcast_to(a, (config.n_layer, *a.shape)), one)
+
+    def hidden(cache, idx):
+        x = embedding.apply(params["wte"], idx) + embedding.apply(
+            params["wpe"], cache["index"][0] + jnp.arange(idx.shape[1])
+        )
+
+        def layer(p, x, layer_cache):
+            a, layer_cache = attention_cache.decode(
+                p["attn"], layer_norm.apply(p["ln_1"], x), layer_cache, config.attention
+            )
+            x = x + a
+            return x + mlp.apply(p["mlp"], layer_norm.apply(p["ln_2"], x), activation=config.activation), layer_cache
+
+        x, cache = stack.scan(layer, params["blocks"], x, xs=cache)
+        return embedding.attend(params["wte"], layer_norm.apply(params["ln_f"], x)[:, -1]), cache
+
+    def step(carry, _):
+        logits, cache = carry
+        new = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return hidden(cache, new[:, None]), new
+
+    _, new = jax.lax.scan(step, hidden(cache, prompt), None, length=max_new_tokens)
+    return jnp.concatenate([prompt, new.T], axis=1)
+
+
 def recompute_generate(params, prompt, config, max_new_tokens):
-    """nanoGPT's generate (greedy): the whole context forward for every token, one jitted call per token."""
+    """nanoGPT's generate (greedy): the whole context forward for every token, one jitted call per token.
+    The context is right-padded to the next multiple of 32 (so 32 contexts share one compiled program; the
+    causal mask keeps the padding out of every real position) and the last real position is read."""
     idx = np.asarray(prompt)
     for _ in range(max_new_tokens):
         context = idx[:, -config.block_size :]
@@ -43,56 +84,85 @@ def recompute_generate(params, prompt, config, max_new_tokens):
 @partial(jax.jit, static_argnames="config")
 def _last_argmax(params, padded, last, config):
     h = gpt.hidden(params, padded, config)
-    logits = h[:, last] @ params["wte"]["w"].T
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return jnp.argmax(embedding.attend(params["wte"], h[:, last]), axis=-1).astype(jnp.int32)
+
+
+def step_bytes(params, config, batch) -> tuple[int, int]:
+    """(param bytes, cache bytes) a cached step reads: every parameter, and every layer's keys and values for
+    block_size positions."""
+    param_bytes = sum(a.nbytes for a in tree_lib.flatten(params).values())
+    cache = jax.eval_shape(lambda: gpt_decode.init_cache(config, batch))
+    cache_bytes = sum(a.size * a.dtype.itemsize for a in cache["k"] + cache["v"])
+    return param_bytes, cache_bytes
+
+
+def measure(params, config, batch, prompt_len, repeats):
+    """Median seconds per decoding step, (new, old), and whether both produce the same tokens."""
+    prompt = jnp.asarray(np.random.default_rng(batch).integers(0, config.vocab_size, (batch, prompt_len)), jnp.int32)
+    n = config.block_size - prompt_len
+    key = jax.random.key(1)
+
+    def new(tokens):
+        return lambda: gpt_decode.generate(params, prompt, config, key=key, max_new_tokens=tokens, temperature=0.0)
+
+    def old(tokens):
+        return lambda: old_generate(params, prompt, config, tokens)
+
+    same = bool((np.asarray(new(n)()) == np.asarray(old(n)())).all())
+    t = timing.interleaved_medians([new(n), new(2), old(n), old(2)], (), repeats, iters=1)
+    return (t[0] - t[1]) / (n - 2), (t[2] - t[3]) / (n - 2), same
+
+
+def compare_recompute(params, config, prompt_len, repeats):
+    """Seconds of the whole generation, cached and recomputing, at batch 1 (the first call compiles)."""
+    prompt = jnp.asarray(np.random.default_rng(0).integers(0, config.vocab_size, (1, prompt_len)), jnp.int32)
+    n = config.block_size - prompt_len
+    cached = gpt_decode.generate(params, prompt, config, key=jax.random.key(1), max_new_tokens=n, temperature=0.0)
+    recompute_generate(params, prompt, config, n)  # compiles every bucket
+    times = {"cached": [], "recompute": []}
+    for _ in range(repeats):
+        for name, fn in (("cached", gpt_decode.generate), ("recompute", None)):
+            start = time.perf_counter()
+            if fn is None:
+                out = recompute_generate(params, prompt, config, n)
+            else:
+                out = jax.block_until_ready(fn(params, prompt, config, key=jax.random.key(1), max_new_tokens=n,
+                                               temperature=0.0))  # fmt: skip
+            times[name].append(time.perf_counter() - start)
+    agree = float(np.mean(np.asarray(cached) == np.asarray(out)))
+    return statistics.median(times["cached"]), statistics.median(times["recompute"]), agree
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--block", type=int, default=256)
     parser.add_argument("--prompt", type=int, default=16)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--recompute", action="store_true", help="also time nanoGPT's recomputing loop (slow)")
     args = parser.parse_args(argv)
 
     config = gpt.GPTConfig(block_size=args.block, vocab_size=65, n_layer=6, n_head=6, n_embd=384)
     params = jax.jit(gpt.init, static_argnames="config")(jax.random.key(0), config)
-    prompt = jnp.asarray(np.random.default_rng(0).integers(0, 65, (args.batch, args.prompt)), jnp.int32)
-    new = args.block - args.prompt
-    key = jax.random.key(1)
-
-    def cached():
-        out = gpt_decode.generate(params, prompt, config, key=key, max_new_tokens=new, temperature=0.0)
-        return jax.block_until_ready(out)
-
-    def recompute():
-        return recompute_generate(params, prompt, config, new)
-
-    start = time.perf_counter()
-    ours = np.asarray(cached())
-    compile_cached = time.perf_counter() - start
-    start = time.perf_counter()
-    theirs = recompute()  # compiles every bucket
-    compile_recompute = time.perf_counter() - start
-    agree = float(np.mean(ours == theirs))
-
-    times = {"cached": [], "recompute": []}
-    for _ in range(args.repeats):  # interleaved, so machine noise hits both alike
-        for name, fn in (("cached", cached), ("recompute", recompute)):
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-
+    bandwidth = membw.bandwidths()
+    read = max(bandwidth["xla read"], bandwidth["numpy read"]) * 1e9
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, {config}")
-    print(f"batch {args.batch}, prompt {args.prompt}, {new} new tokens, median of {args.repeats}")
-    print(f"tokens equal in both: {agree:.1%}")
-    print(f"{'':28s} {'seconds':>9s} {'tokens/s':>10s} {'first call (compile) s':>24s}")
-    for name, label, first in (("cached", "KV cache (gpt_decode.generate)", compile_cached),
-                               ("recompute", "recompute (nanoGPT's way)", compile_recompute)):  # fmt: skip
-        t = statistics.median(times[name])
-        print(f"{label:28s} {t:9.3f} {args.batch * new / t:10.1f} {first:24.1f}")
-    speedup = statistics.median(times["recompute"]) / statistics.median(times["cached"])
-    print(f"speed-up of the cache: {speedup:.1f}x")
+    print("memory bandwidth: " + ", ".join(f"{k} {v:.1f} GB/s" for k, v in bandwidth.items()))
+    print(f"prompt {args.prompt}, {args.block - args.prompt} new tokens, greedy; per-step medians of {args.repeats}")
+    print(f"{'batch':>5s} {'MB read':>8s} {'floor ms':>9s} {'step ms':>8s} {'x floor':>8s} {'tokens/s':>9s} "
+          f"{'before ms':>10s} {'x floor':>8s} {'tokens/s':>9s} {'same':>5s}")  # fmt: skip
+    for batch in args.batches:
+        floor = sum(step_bytes(params, config, batch)) / read
+        new, old, same = measure(params, config, batch, args.prompt, args.repeats)
+        row = f"{batch:5d} {floor * read / 1e6:8.1f} {floor * 1e3:9.2f} {new * 1e3:8.2f} {new / floor:8.2f} "
+        print(row + f"{batch / new:9.0f} {old * 1e3:10.2f} {old / floor:8.2f} {batch / old:9.0f} {str(same):>5s}")
+    if args.recompute:
+        cached, recompute, agree = compare_recompute(params, config, args.prompt, min(args.repeats, 3))
+        n = args.block - args.prompt
+        print(
+            f"batch 1, whole generation: cached {cached:.3f} s ({n / cached:.0f} tokens/s), nanoGPT's recompute "
+            f"{recompute:.3f} s ({n / recompute:.0f} tokens/s), {recompute / cached:.1f}x; tokens equal {agree:.0%}"
+        )
 
 
 if __name__ == "__main__":

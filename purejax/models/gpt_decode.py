@@ -7,10 +7,19 @@ nanoGPT's `generate` built on them.
     tokens = generate(params, prompt, config, key=key, max_new_tokens=50, top_k=200)
 
 Decoding one token at a time should not recompute the whole context. The cache holds every layer's keys and
-values for `block_size` positions, stacked like the blocks, and the number of positions written; a decoding
-step runs the same blocks as `gpt.apply` (with the same params) on the new tokens alone, their attention
-reading and writing the cache (`purejax.nn.attention_cache`). Every shape is fixed, so a step compiles once.
-Decoding is inference: no dropout, one device (gather sharded params first).
+values for `block_size` positions and, per row, the number of positions written; a decoding step runs the
+blocks of `gpt.apply` (the same params) on the new tokens alone, their attention writing them into the cache
+and reading it (`cached_attention`). Every shape is fixed, so a step compiles once.
+
+A decoding step is bound by memory, not arithmetic: it multiplies one token per row by every weight and reads
+the whole cache, so its floor is the time to stream those bytes (docs/benchmarks.md measures it), and nothing
+else should move. Hence the cache's layout: one buffer per layer (a slice of a stacked array is a copy on
+XLA:CPU), keys and values as (batch * heads, block_size, head_dim), the layout the attention's matrix products
+read as it is, and each step writes its tokens in place (`generate`'s loop carries the cache; jit
+`decode_step` with `donate_argnames="cache"`). For the same reason the layers run as a Python loop over
+per-layer params whatever `config.layers`. Rows may hold prompts of different lengths (right-padded,
+`lengths`): each row has its own positions and masks. Decoding is inference: no dropout, one device (gather
+sharded params first).
 """
 
 from functools import partial
@@ -18,56 +27,111 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int, Integer, PRNGKeyArray
 
 from purejax import sampling
 from purejax.models import gpt
 from purejax.models.gpt import GPTConfig, Params
-from purejax.nn import attention_cache, check_keys, embedding, layer_norm, mlp, stack
+from purejax.nn import attention, check_keys, embedding, layer_norm, linear, mlp, stack
 
-Cache = dict[str, Array]
+Cache = dict[str, Any]
 
 
 def init_cache(config: GPTConfig, batch: int, dtype: Any = jnp.float32) -> Cache:
-    """An empty key/value cache for `block_size` positions, one attention cache per layer stacked on a leading
-    n_layer axis: {"k", "v": (n_layer, batch, block_size, n_head, head_dim), "index": (n_layer,) int32}."""
-    one = attention_cache.init_cache(config.attention, batch, config.block_size, dtype)
-    return jax.tree.map(lambda a: jnp.broadcast_to(a, (config.n_layer, *a.shape)), one)
+    """An empty cache for `block_size` positions: {"k", "v": lists of n_layer arrays (batch * n_head, block_size,
+    head_dim), row b's heads at [b * n_head, (b + 1) * n_head); "index": (batch,) int32, the positions each
+    row has written}."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"gpt_decode.init_cache: batch must be a positive int, got {batch!r}")
+    shape = (batch * config.attention.n_kv_head, config.block_size, config.attention.head_dim)
+    layers = range(config.n_layer)
+    return {"k": [jnp.zeros(shape, dtype) for _ in layers], "v": [jnp.zeros(shape, dtype) for _ in layers],
+            "index": jnp.zeros((batch,), jnp.int32)}  # fmt: skip
+
+
+def cached_attention(
+    q: Float[Array, "batch seq n_head head_dim"],
+    k: Float[Array, "batch seq n_kv_head head_dim"],
+    v: Float[Array, "batch seq n_kv_head head_dim"],
+    cache: dict[str, Float[Array, "batch*n_kv_head max_len head_dim"]],
+    index: Int[Array, " batch"],
+) -> tuple[Float[Array, "batch seq n_head head_dim"], dict[str, Array]]:
+    """Causal attention of each row's new tokens, at positions index[b], index[b] + 1, ..., over the positions
+    before them in the cache and themselves. Their keys and values are written into the cache first, in place
+    (a row past max_len overwrites its last slots; its logits are NaN anyway, see `decode_step`), then every
+    query reads the whole cache, the positions after its own (not written yet, or a shorter row's padding)
+    masked out. Query head j*g+i reads key/value head j.
+
+    Batch and heads share the products' one batch axis: with a size-1 batch axis of its own, XLA:CPU copied
+    the cache at every step of a batch of one."""
+    batch, seq, n_head, head_dim = q.shape
+    n_kv_head, (max_len, group) = k.shape[2], (cache["k"].shape[1], n_head // k.shape[2])
+
+    def write(cache, new):  # row b's (seq, n_kv_head, head_dim) at its index, in its (n_kv_head, max_len, head_dim)
+        def row(c, n, start):
+            return jax.lax.dynamic_update_slice(c, jnp.swapaxes(n, 0, 1).astype(c.dtype), (0, start, 0))
+
+        return jax.vmap(row)(cache.reshape(batch, n_kv_head, max_len, head_dim), new, index).reshape(cache.shape)
+
+    cache = {name: write(cache[name], new) for name, new in (("k", k), ("v", v))}
+    q = q.reshape(batch, seq, n_kv_head, group, head_dim).transpose(0, 2, 3, 1, 4)  # (b, kv, g, seq, d): small
+    logits = jnp.einsum("nqd,nsd->nqs", q.reshape(batch * n_kv_head, group * seq, head_dim), cache["k"],
+                        preferred_element_type=jnp.float32).reshape(batch, n_kv_head, group, seq, max_len)  # fmt: skip
+    allowed = jnp.arange(max_len) <= (index[:, None] + jnp.arange(seq))[:, None, None, :, None]
+    probs = jax.nn.softmax(jnp.where(allowed, logits * (1.0 / head_dim**0.5), -jnp.inf), axis=-1)
+    probs = probs.reshape(batch * n_kv_head, group * seq, max_len).astype(cache["v"].dtype)
+    out = jnp.einsum("nqs,nsd->nqd", probs, cache["v"]).reshape(batch, n_kv_head, group, seq, head_dim)
+    return out.transpose(0, 3, 1, 2, 4).reshape(batch, seq, n_head, head_dim).astype(q.dtype), cache
 
 
 def decode_step(
-    params: Params, cache: Cache, idx: Integer[ArrayLike, "batch seq"], config: GPTConfig
+    params: Params,
+    cache: Cache,
+    idx: Integer[ArrayLike, "batch seq"],
+    config: GPTConfig,
+    *,
+    lengths: Integer[ArrayLike, " batch"] | None = None,
 ) -> tuple[Float[Array, "batch seq vocab"], Cache]:
-    """Logits for `idx`, the next tokens, at positions [index, index + seq) after the `index` the cache holds,
-    and the cache holding them too: token for token what `gpt.apply` gives on the whole sequence. A cache
-    written past `block_size` has no learned position left: the logits come out NaN, not silently wrong."""
-    h, cache = _hidden(params, cache, idx, config)
+    """Logits for `idx`, the next tokens of each row at positions [index, index + seq), and the cache holding
+    them too: token for token what `gpt.apply` gives on the whole sequence.
+
+    `lengths` (default: seq for every row) is the number of real tokens in each row of a right-padded `idx`:
+    row b's index advances by lengths[b], and the padding's keys are overwritten by the row's next tokens
+    before any query can see them (row b's last real logits are `logits[b, lengths[b] - 1]`).
+
+    A row has block_size positions: index + seq (padding included) past it is an error when the cache's index
+    is concrete; under jit (a traced index) that row's logits come out NaN instead, never silently wrong, and
+    its cache is spoiled. Jit with `donate_argnames="cache"` to update the cache in place."""
+    idx = jnp.asarray(idx)
+    gpt.check_inputs(params, idx, config)
+    _check_cache(cache, config, idx.shape[0])
+    lengths = check_lengths(lengths, idx, "decode_step")
+    index = cache["index"]
+    if not isinstance(index, jax.core.Tracer) and int(jnp.max(index)) + idx.shape[1] > config.block_size:
+        raise ValueError(f"decode_step: a row of the cache holds {int(jnp.max(index))} positions; {idx.shape[1]} "
+                         f"more pass block_size={config.block_size}, the model's last learned position")  # fmt: skip
+    h, cache = _hidden(params, stack.unstack(params["blocks"]), cache, idx, lengths, config)
     return embedding.attend(params["wte"], h), cache
 
 
-def _hidden(params: Params, cache: Cache, idx: Any, config: GPTConfig) -> tuple[Array, Cache]:
-    """`gpt.hidden` of the new tokens, every layer's attention reading and writing its slice of the cache."""
-    idx = jnp.asarray(idx)
-    gpt.check_inputs(params, idx, config)
-    check_keys(cache, "gpt cache", required=("k", "v", "index"))
-    if stack.depth(cache, "cache") != config.n_layer:
-        raise ValueError(f"gpt_decode: the cache has {stack.depth(cache, 'cache')} layers, the config "
-                         f"{config.n_layer}; make it with init_cache(config, batch)")  # fmt: skip
-    positions = cache["index"][0] + jnp.arange(idx.shape[1])  # every layer has written as many positions
+def _hidden(params: Params, blocks: list, cache: Cache, idx: Array, lengths: ArrayLike, config: GPTConfig):
+    """`gpt.hidden` of the new tokens (each row at its own positions), every layer writing its cache."""
+    positions = cache["index"][:, None] + jnp.arange(idx.shape[1])
     # A position past the table (a cache written beyond block_size) looks up NaNs: wrong output is visible.
     x = embedding.apply(params["wte"], idx) + embedding.apply(params["wpe"], positions)
-
-    def layer(p: Params, x: Array, layer_cache: Cache) -> tuple[Array, Cache]:  # gpt.block, with a cache
-        h = layer_norm.apply(p["ln_1"], x)
-        a, layer_cache = attention_cache.decode(p["attn"], h, layer_cache, config.attention)
-        x = x + a
-        return x + mlp.apply(p["mlp"], layer_norm.apply(p["ln_2"], x), activation=config.activation), layer_cache
-
-    if config.layers == "scan":
-        x, cache = stack.scan(layer, params["blocks"], x, xs=cache)
-    else:
-        x, cache = stack.loop(layer, stack.unstack(params["blocks"]), x, xs=cache)
-    return layer_norm.apply(params["ln_f"], x), cache
+    batch, seq, _ = x.shape
+    new = {"k": [], "v": [], "index": cache["index"] + lengths}
+    for p, k, v in zip(blocks, cache["k"], cache["v"], strict=True):  # gpt.block, with a cache
+        q, k_new, v_new = attention.qkv_heads(p["attn"], layer_norm.apply(p["ln_1"], x), config.attention)
+        out, kv = cached_attention(q, k_new, v_new, {"k": k, "v": v}, cache["index"])
+        x = x + linear.apply(p["attn"]["proj"], out.reshape(batch, seq, -1))
+        x = x + mlp.apply(p["mlp"], layer_norm.apply(p["ln_2"], x), activation=config.activation)
+        new["k"].append(kv["k"])
+        new["v"].append(kv["v"])
+    # A row whose write ran past the cache had it shifted back into place, over its earlier keys: NaN, not wrong.
+    overflow = cache["index"] + seq > config.block_size
+    return jnp.where(overflow[:, None, None], jnp.nan, layer_norm.apply(params["ln_f"], x)), new
 
 
 def generate(
@@ -80,63 +144,117 @@ def generate(
     temperature: float | Float[ArrayLike, ""] = 1.0,
     top_k: int | None = None,
     top_p: float | Float[ArrayLike, ""] | None = None,
+    lengths: Integer[ArrayLike, " batch"] | None = None,
 ) -> Int[Array, "batch total"]:
-    """The prompt followed by `max_new_tokens` sampled tokens, int32 (batch, prompt + max_new_tokens).
+    """Each prompt followed by `max_new_tokens` sampled tokens, int32 (batch, prompt + max_new_tokens).
 
     Semantics are nanoGPT's `generate`: the model sees at most the last block_size tokens; the next token is
     drawn from softmax(logits / temperature) after top-k and top-p filtering (`purejax.sampling`), and
     temperature 0 takes the arg-max. Step i draws with `fold_in(key, i)`.
 
-    How it runs: the (cropped) prompt fills a key/value cache in one pass, then one `lax.scan` step per new
-    token feeds just that token. Once the sequence outgrows block_size, nanoGPT crops it to its last
-    block_size tokens and recomputes: every token's position shifts by one, so the cached keys and values
-    are stale. The scan does the same, `lax.cond` picking the cached step while the cache has room and the
-    full recompute over the last block_size tokens after. Everything is jitted: one compilation per
-    (params shapes, prompt shape, config, max_new_tokens, top_k, and whether top_p is None), whatever the
-    temperature, top_p, key or number of tokens.
+    Prompts of different lengths: right-pad them into `prompt` and give `lengths` (batch,), the real tokens of
+    each row (1 to prompt.shape[1]; default all). Row b of the result is its lengths[b] prompt tokens, its
+    max_new_tokens new tokens, then zeros; greedy, each row is what decoding its prompt alone gives.
+
+    How it runs: the (cropped) prompts fill a key/value cache in one pass, then one `lax.fori_loop` step per
+    new token feeds just that token, writing the cache in place. Once a row outgrows block_size, nanoGPT crops
+    it to its last block_size tokens and recomputes: every token's position shifts by one, so the cached keys
+    and values are stale. The loop does the same: every step runs the cached step, and once a row has no room
+    left, `lax.cond` adds the full forward over each row's last block_size tokens, taken for the rows without.
+    One compilation serves every max_new_tokens (a traced loop count) and `lengths` for which prompt +
+    max_new_tokens falls in the same multiple of block_size, and every temperature, top_p, key and params
+    value; it depends on the shapes of params and prompt, the config, top_k and whether top_p is None.
     """
     prompt = jnp.asarray(prompt)
     sampling.check_args(temperature=temperature, top_k=top_k, top_p=top_p)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    if prompt.shape[1] == 0:
-        raise ValueError("generate: the prompt is empty; give at least one token per row (shape (batch, >= 1))")
-    return _generate(params, prompt, config, key, max_new_tokens, temperature, top_k, top_p)
-
-
-@partial(jax.jit, static_argnames=("config", "max_new_tokens", "top_k"))
-def _generate(params, prompt, config, key, max_new_tokens, temperature, top_k, top_p) -> Array:
-    batch, n_prompt = prompt.shape
-    tokens = jnp.concatenate([prompt, jnp.zeros((batch, max_new_tokens), prompt.dtype)], axis=1).astype(jnp.int32)
+    if prompt.ndim != 2 or prompt.shape[1] == 0:
+        raise ValueError(f"generate: the prompt is empty or not 2-D, shape {tuple(prompt.shape)}; give at least one "
+                         "token per row (shape (batch, >= 1))")  # fmt: skip
+    lengths = check_lengths(lengths, prompt, "generate")
+    total = prompt.shape[1] + max_new_tokens
     if max_new_tokens == 0:
-        return tokens
-    context = tokens[:, max(0, n_prompt - config.block_size) : n_prompt]  # nanoGPT crops the prompt to the block
+        return jnp.where(jnp.arange(total) < lengths[:, None], prompt, 0).astype(jnp.int32)
+    width = -(-total // config.block_size) * config.block_size  # the token buffer, a multiple of block_size
+    out = _generate(params, prompt, lengths, config, key, max_new_tokens, temperature, top_k, top_p, width)
+    if isinstance(out, jax.core.Tracer):  # generate itself under jit
+        return out[:, :total]
+    return jax.device_put(np.asarray(out)[:, :total])  # cut on the host: no program compiled per length
+
+
+def check_lengths(lengths: Any, idx: Array, where: str) -> Array | np.ndarray:
+    """`lengths` as (batch,) int32, all of `idx`'s columns when None; a concrete value must lie in [1, seq] and
+    comes back as numpy (an eager jnp op would compile a program of its own)."""
+    batch, seq = idx.shape
+    if lengths is None:
+        return np.full((batch,), seq, np.int32)
+    if not isinstance(lengths, jax.core.Tracer):
+        lengths = np.asarray(lengths)
+    if lengths.shape != (batch,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
+        raise ValueError(f"{where}: lengths must be {batch} integers, one per row of the prompt, got "
+                         f"{lengths.dtype} {tuple(lengths.shape)}")  # fmt: skip
+    if isinstance(lengths, jax.core.Tracer):
+        return lengths.astype(jnp.int32)
+    bad = np.flatnonzero((lengths < 1) | (lengths > seq))
+    if bad.size:
+        raise ValueError(f"{where}: lengths[{bad[0]}]={lengths[bad[0]]} is outside [1, {seq}]: each row holds 1 "
+                         f"to {seq} (the prompt array's width) real tokens")  # fmt: skip
+    return lengths.astype(np.int32)
+
+
+@partial(jax.jit, static_argnames=("config", "top_k", "width"))
+def _generate(params, prompt, lengths, config, key, max_new_tokens, temperature, top_k, top_p, width) -> Array:
+    (batch, n_prompt), block = prompt.shape, config.block_size
+    rows, ones = jnp.arange(batch), jnp.ones((batch,), jnp.int32)
+    tokens = jnp.zeros((batch, width), jnp.int32).at[:, :n_prompt].set(prompt.astype(jnp.int32))
+    tokens = jnp.where(jnp.arange(width) < lengths[:, None], tokens, 0)
+    blocks = stack.unstack(params["blocks"])  # sliced once: the loop reads each layer's weights where they lie
+
+    def windows(tokens, end, size):  # each row's `size` tokens before column end (cropped at the start)
+        return jax.vmap(lambda row, e: jax.lax.dynamic_slice(row, (e - size,), (size,)))(tokens, end)
 
     def next_token(logits, i):
         return sampling.sample(jax.random.fold_in(key, i), logits, temperature=temperature, top_k=top_k, top_p=top_p)
 
-    def last_logits(h):
-        return embedding.attend(params["wte"], h[:, -1])
-
-    def cached_step(tokens, cache, i):  # feed only token n_prompt + i, at the cache's next position
-        h, cache = _hidden(params, cache, jax.lax.dynamic_slice_in_dim(tokens, n_prompt + i, 1, axis=1), config)
-        return last_logits(h), cache
-
-    def recompute(tokens, cache, i):  # the sequence outgrew the block: its last block_size tokens, from scratch
-        window = jax.lax.dynamic_slice_in_dim(tokens, n_prompt + i + 1 - config.block_size, config.block_size, axis=1)
-        return last_logits(gpt.hidden(params, window, config)), cache
-
-    def step(carry, i):  # draw token n_prompt + i, then the logits that follow it
+    def step(i, carry):  # draw each row's token lengths + i, then feed it: the logits that follow it
         tokens, logits, cache = carry
-        tokens = tokens.at[:, n_prompt + i].set(next_token(logits, i))
-        if context.shape[1] + max_new_tokens - 1 > config.block_size:  # static: can the cache run out?
-            has_room = cache["index"][0] < config.block_size
-            logits, cache = jax.lax.cond(has_room, cached_step, recompute, tokens, cache, i)
-        else:
-            logits, cache = cached_step(tokens, cache, i)
-        return (tokens, logits, cache), None
+        tokens = tokens.at[rows, lengths + i].set(next_token(logits, i))
+        h, cache = _hidden(params, blocks, cache, tokens[rows, lengths + i][:, None], ones, config)
+        logits = embedding.attend(params["wte"], h[:, 0])
+        if min(n_prompt, block) + width - n_prompt - 1 <= block:  # static: no row's cache can run out
+            return tokens, logits, cache
+        # A row past the block has NaN logits (no learned position left): its last block_size tokens, from scratch.
+        room = cache["index"] <= block
 
-    h, cache = _hidden(params, init_cache(config, batch, params["wte"]["w"].dtype), context, config)
-    carry = (tokens, last_logits(h), cache)
-    (tokens, logits, _), _ = jax.lax.scan(step, carry, jnp.arange(max_new_tokens - 1))
-    return tokens.at[:, -1].set(next_token(logits, max_new_tokens - 1))
+        def recompute():
+            window = windows(tokens, lengths + i + 1, block)
+            full = embedding.attend(params["wte"], gpt.hidden(params, window, config)[:, -1])
+            return jnp.where(room[:, None], logits, full)
+
+        return tokens, jax.lax.cond(jnp.all(room), lambda: logits, recompute), cache
+
+    context_len = min(n_prompt, block)  # nanoGPT crops each prompt to its last block_size tokens
+    real = jnp.minimum(lengths, context_len)
+    context = windows(tokens, jnp.maximum(lengths, context_len), context_len)
+    cache = init_cache(config, batch, params["wte"]["w"].dtype)
+    h, cache = _hidden(params, blocks, cache, context, real, config)
+    carry = (tokens, embedding.attend(params["wte"], h[rows, real - 1]), cache)
+    tokens, logits, _ = jax.lax.fori_loop(0, max_new_tokens - 1, step, carry)  # a traced count: one compilation
+    return tokens.at[rows, lengths + max_new_tokens - 1].set(next_token(logits, max_new_tokens - 1))
+
+
+def _check_cache(cache: Any, config: GPTConfig, batch: int) -> None:
+    check_keys(cache, "gpt cache", required=("k", "v", "index"))
+    want = (batch * config.attention.n_kv_head, config.block_size, config.attention.head_dim)
+    for name in ("k", "v"):
+        shapes = [tuple(a.shape) for a in cache[name]] if isinstance(cache[name], list | tuple) else None
+        if shapes is None or len(shapes) != config.n_layer or any(s != want for s in shapes):
+            raise ValueError(
+                f"gpt_decode: cache['{name}'] must be a list of n_layer={config.n_layer} arrays {want} (batch * "
+                f"n_head, block_size, head_dim), got {shapes or type(cache[name]).__name__}; make it with "
+                f"init_cache(config, batch) for this config and batch"
+            )
+    if tuple(cache["index"].shape) != (batch,):
+        raise ValueError(f"gpt_decode: cache['index'] must have shape ({batch},), one per row, "
+                         f"got {tuple(cache['index'].shape)}")  # fmt: skip

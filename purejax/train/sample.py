@@ -6,7 +6,7 @@
 
 Reads only the parameters of the newest readable checkpoint in out_dir (or `--step`'s; the optimizer state's
 bytes are never read, and a damaged newest file is skipped with a warning), and the tokenizer saved beside it.
-Generation compiles once for a given prompt length and number of new tokens; see `purejax.models.gpt_decode.generate`.
+Generation compiles once per prompt length (and multiple of block_size); see `purejax.models.gpt_decode.generate`.
 """
 
 import sys
