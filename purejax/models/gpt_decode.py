@@ -19,9 +19,10 @@ read as it is, and each step writes its tokens in place (`generate`'s loop carri
 `decode_step` with `donate_argnames="cache"`). For the same reason the layers run as a Python loop over
 per-layer params whatever `config.layers`. Rows may hold prompts of different lengths (right-padded,
 `lengths`): each row has its own positions and masks. Decoding is inference: no dropout, one device (gather
-sharded params first).
+sharded params first), and a mixture of experts without a capacity (`no_capacity`: no token is dropped).
 """
 
+import dataclasses
 from functools import partial
 from typing import Any
 
@@ -31,7 +32,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int, Integer, PRNGKeyArray
 
 from purejax import sampling
-from purejax.models import gpt
+from purejax.models import gpt, gpt_moe
 from purejax.models.gpt import GPTConfig, Params
 from purejax.nn import attention, check_keys, embedding, layer_norm, linear, mlp, stack
 
@@ -126,12 +127,24 @@ def _hidden(params: Params, blocks: list, cache: Cache, idx: Array, lengths: Arr
         q, k_new, v_new = attention.qkv_heads(p["attn"], layer_norm.apply(p["ln_1"], x), config.attention)
         out, kv = cached_attention(q, k_new, v_new, {"k": k, "v": v}, cache["index"])
         x = x + linear.apply(p["attn"]["proj"], out.reshape(batch, seq, -1))
-        x = x + mlp.apply(p["mlp"], layer_norm.apply(p["ln_2"], x), activation=config.activation)
+        x = x + _mlp(p, layer_norm.apply(p["ln_2"], x), config)
         new["k"].append(kv["k"])
         new["v"].append(kv["v"])
     # A row whose write ran past the cache had it shifted back into place, over its earlier keys: NaN, not wrong.
     overflow = cache["index"] + seq > config.block_size
     return jnp.where(overflow[:, None, None], jnp.nan, layer_norm.apply(params["ln_f"], x)), new
+
+
+def _mlp(p: Params, h: Float[Array, "batch seq d_model"], config: GPTConfig) -> Float[Array, "batch seq d_model"]:
+    """The block's MLP, or its mixture of experts without a capacity: a decoded token is never dropped."""
+    if "moe" in p:
+        return gpt_moe.apply(p["moe"], h, no_capacity(config))[0]
+    return mlp.apply(p["mlp"], h, activation=config.activation)
+
+
+def no_capacity(config: GPTConfig) -> GPTConfig:
+    """`config` with a mixture of experts' capacity lifted (what decoding computes; a dense config unchanged)."""
+    return dataclasses.replace(config, capacity_factor=0.0) if config.n_experts else config
 
 
 def generate(
@@ -229,7 +242,7 @@ def _generate(params, prompt, lengths, config, key, max_new_tokens, temperature,
 
         def recompute():
             window = windows(tokens, lengths + i + 1, block)
-            full = embedding.attend(params["wte"], gpt.hidden(params, window, config)[:, -1])
+            full = embedding.attend(params["wte"], gpt.hidden(params, window, no_capacity(config))[:, -1])
             return jnp.where(room[:, None], logits, full)
 
         return tokens, jax.lax.cond(jnp.all(room), lambda: logits, recompute), cache

@@ -44,6 +44,22 @@ def test_cached_decoding_equals_the_full_forward(config):
         gpt_decode.decode_step(params, cache, idx[:, :1], config)
 
 
+def test_a_mixture_of_experts_decodes_as_its_full_forward_without_a_capacity():
+    config = dataclasses.replace(CONFIG, n_experts=4, expert_top_k=2, capacity_factor=0.5)  # drops in training
+    params = gpt.init(jax.random.key(3), config)
+    params["blocks"]["moe"]["router"] = jax.tree.map(lambda w: 50.0 * w, params["blocks"]["moe"]["router"])
+    idx = tokens((B, 8))
+    full = apply(params, idx, gpt_decode.no_capacity(config))
+    assert not np.allclose(apply(params, idx, config), full, atol=1e-3)  # the capacity drops tokens in training
+    logits, cache = decode_step(params, gpt_decode.init_cache(config, B), idx[:, :3], config)
+    np.testing.assert_allclose(logits, full[:, :3], rtol=1e-5, atol=1e-5)
+    for t in range(3, 8):
+        logits, cache = decode_step(params, cache, idx[:, t : t + 1], config)
+        np.testing.assert_allclose(logits[:, 0], full[:, t], rtol=1e-5, atol=1e-5)
+    out = gpt_decode.generate(params, idx[:, :4], config, key=jax.random.key(0), max_new_tokens=6, temperature=0.0)
+    assert out.shape == (B, 10)
+
+
 def test_right_padded_rows_decode_as_each_prompt_alone():
     """decode_step with per-row lengths: each row's logits are gpt.apply's on that row's own tokens, through a
     padded prefill and one-token steps; the padding never shows."""
