@@ -12,11 +12,12 @@ one), so this file runs itself as a child process once per module and the tests 
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.children import child_results
 
 ROOT = Path(__file__).resolve().parents[2]
 # (n_layer, n_head, n_embd, block_size, vocab_size): 4 layers so that 4 stages get one each
@@ -34,12 +35,7 @@ N_EXPERTS, STEP_BATCH = 8, 8
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("bench_parallel") / "results.json"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, __file__, str(out)], env=env, capture_output=True, text=True, cwd=ROOT)
-    if done.returncode:
-        raise AssertionError(f"{Path(__file__).name} exited with {done.returncode}:\n{done.stderr[-6000:]}")
-    return json.loads(out.read_text())
+    return child_results(__file__, tmp_path_factory.mktemp("bench_parallel"))
 
 
 @pytest.mark.parametrize("mode", [*SEQUENCE_MODES, *EXPERT_MODES])

@@ -5,10 +5,6 @@ dropout) and tensor parallelism without sp (with dropout: the same masks); the c
 activation all-reduce for an all-gather and a reduce-scatter moving the same bytes; the activation memory
 is lower; and what sp cannot do is refused, naming why. `train.gpt --tp=2 --sp=true` trains as `--tp=2` does."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +12,7 @@ import pytest
 from purejax.parallel import MeshAxes
 from purejax.train.config import ConfigError
 from purejax.train.gpt import TrainConfig
+from tests.children import child_results
 from tests.purejax.train.test_gpt import TINY, final_state, finish, run_gpt
 from tests.purejax.train.test_parallel import assert_same_state, corpus, even_corpus  # noqa: F401 - fixtures
 
@@ -24,14 +21,7 @@ HERE = Path(__file__).resolve().parent
 
 @pytest.fixture(scope="module")
 def sp_results(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("sequence") / "results.json"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(HERE.parents[2])}
-    done = subprocess.run(
-        [sys.executable, str(HERE / "sequence_child.py"), str(out)], env=env, capture_output=True, text=True
-    )
-    if done.returncode:
-        raise AssertionError(f"sequence_child.py exited with {done.returncode}:\n{done.stderr[-6000:]}")
-    return json.loads(out.read_text())
+    return child_results(HERE / "sequence_child.py", tmp_path_factory.mktemp("sequence"))
 
 
 @pytest.mark.parametrize("mesh", ["1x2", "1x4", "2x4", "2x4-fsdp"])

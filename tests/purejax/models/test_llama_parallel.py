@@ -4,10 +4,6 @@ the single-device llama.py: loss and gradients with the key/value heads split an
 without FSDP."""
 
 import dataclasses
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +12,7 @@ from jax.sharding import PartitionSpec as P
 from purejax import tree as tree_lib
 from purejax.models import llama, llama_parallel
 from purejax.parallel import MeshAxes
+from tests.children import child_results
 
 HERE = Path(__file__).resolve().parent
 CONFIG = llama.LlamaConfig(vocab_size=64, n_layer=2, n_head=8, n_kv_head=4, d_model=32, d_ff=48, max_seq_len=16)
@@ -62,13 +59,7 @@ def test_param_specs_name_what_tensor_parallelism_cannot_split():
 @pytest.fixture(scope="module")
 def mesh_results(tmp_path_factory) -> dict:
     """What llama_parallel_child.py measured on 8 simulated CPU devices."""
-    out = tmp_path_factory.mktemp("llama_parallel") / "results.json"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(HERE.parents[2])}
-    done = subprocess.run([sys.executable, str(HERE / "llama_parallel_child.py"), str(out)], env=env,
-                          capture_output=True, text=True)  # fmt: skip
-    if done.returncode:
-        raise AssertionError(f"llama_parallel_child.py exited with {done.returncode}:\n{done.stderr[-6000:]}")
-    return json.loads(out.read_text())
+    return child_results(HERE / "llama_parallel_child.py", tmp_path_factory.mktemp("llama_parallel"))
 
 
 MODES = ["2x4-kv4", "1x8-kv1-tied", "2x4-kv2-fsdp", "4x2-kv4-fsdp-tied"]

@@ -7,8 +7,6 @@ process, `python test_shampoo.py OUT.json`, XLA_FLAGS set by the fixture) the sh
 
 import functools
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +19,7 @@ import pytest
 from purejax import checkpoint, optim
 from purejax import tree as tree_lib
 from purejax.optim.matrix_roots import inverse_pth_root, inverse_pth_roots
+from tests.children import child_results
 
 # A padded matrix (10 x 6 in blocks of 4), a 1-D leaf, stacked layers (2 x 5 x 3, and per-layer scales that
 # are 1-D), a 3-D kernel merged to (6, 4), and a matrix over max_dim (16): every kind of leaf.
@@ -246,14 +245,8 @@ def test_a_stacked_prefix_on_a_scalar_is_named():
 
 @pytest.fixture(scope="module")
 def distributed(tmp_path_factory):
-    root = Path(__file__).resolve().parents[3]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(root),
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}  # fmt: skip
-    with_out = tmp_path_factory.mktemp("shampoo") / "distributed.json"
-    done = subprocess.run([sys.executable, __file__, str(with_out)], env=env, capture_output=True, text=True)
-    if done.returncode:
-        raise AssertionError(f"the child exited with {done.returncode}:\n{done.stderr[-6000:]}")
-    return json.loads(with_out.read_text())
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    return child_results(__file__, tmp_path_factory.mktemp("shampoo"), env=env)
 
 
 def test_distributed_equals_one_device(distributed):

@@ -6,14 +6,12 @@ trains under sharded_train_step (ep, ep x tp, fsdp x ep, fsdp x ep x tp, and rep
 data parallelism) as on one device when nothing is dropped. Unsupported set-ups are refused with errors
 that say what to change."""
 
-import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.children import child_results
 
 HERE = Path(__file__).resolve().parent
 LAYER_CASES = ["layer-k1-cNone", "layer-k2-cNone", "layer-k1-c1.0", "layer-k2-c0.5"]
@@ -22,14 +20,7 @@ GPT_CASES = ["gpt-dp8-ep", "gpt-dp4-tp2-ep", "gpt-dp8", "gpt-dp8-fsdp-ep", "gpt-
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("experts") / "results.json"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(HERE.parents[2])}
-    done = subprocess.run(
-        [sys.executable, str(HERE / "experts_child.py"), str(out)], env=env, capture_output=True, text=True
-    )
-    if done.returncode:
-        raise AssertionError(f"experts_child.py exited with {done.returncode}:\n{done.stderr[-6000:]}")
-    return json.loads(out.read_text())
+    return child_results(HERE / "experts_child.py", tmp_path_factory.mktemp("experts"))
 
 
 @pytest.mark.parametrize("name", LAYER_CASES)

@@ -4,15 +4,12 @@ on 8 simulated devices (pipeline_child.py computes, these tests judge): loss and
 with dropout, and the collectives of the compiled program equal the count the schedule implies; inside
 `sharded_train_step` on pp, dp x pp and dp x pp x tp meshes, a few AdamW steps equal one device's."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from purejax.parallel import schedules
+from tests.children import child_results
 
 HERE = Path(__file__).resolve().parent
 SHAPES = [(1, 1), (1, 3), (2, 1), (2, 4), (3, 5), (4, 1), (4, 2), (4, 4), (4, 8), (8, 3)]
@@ -27,14 +24,7 @@ STEP_CASES = [  # pipeline_child.STEP_CASES: pp, dp, tp, schedule, micro-batches
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("pipeline") / "results.json"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(HERE.parents[2])}
-    done = subprocess.run(
-        [sys.executable, str(HERE / "pipeline_child.py"), str(out)], env=env, capture_output=True, text=True
-    )
-    if done.returncode:
-        raise AssertionError(f"pipeline_child.py exited with {done.returncode}:\n{done.stderr[-6000:]}")
-    return json.loads(out.read_text())
+    return child_results(HERE / "pipeline_child.py", tmp_path_factory.mktemp("pipeline"))
 
 
 @pytest.mark.parametrize("name", sorted(schedules.SCHEDULES))

@@ -6,10 +6,6 @@ collective-permutes of the compiled program are n-1 forward and n-1 backward, ea
 per-device memory falls with the number of devices; the GPT on a (data, context, model) mesh equals one
 device. The layout and the errors are checked in this process."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -23,6 +19,7 @@ from purejax.parallel import MeshAxes, context
 from purejax.parallel.ring_attention import ring_attention
 from purejax.train.config import ConfigError
 from purejax.train.gpt import TrainConfig
+from tests.children import child_results
 from tests.purejax.train.test_gpt import TINY, corpus, final_state, finish, run_gpt  # noqa: F401 - corpus: a fixture
 from tests.purejax.train.test_parallel import assert_same_state
 
@@ -33,14 +30,7 @@ CASES = ["n2-zigzag-s32", "n2-contiguous-s13", "n4-zigzag-s13", "n4-contiguous-s
 
 @pytest.fixture(scope="module")
 def ring_results(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("ring") / "results.json"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(HERE.parents[2])}
-    done = subprocess.run(
-        [sys.executable, str(HERE / "ring_child.py"), str(out)], env=env, capture_output=True, text=True
-    )
-    if done.returncode:
-        raise AssertionError(f"ring_child.py exited with {done.returncode}:\n{done.stderr[-6000:]}")
-    return json.loads(out.read_text())
+    return child_results(HERE / "ring_child.py", tmp_path_factory.mktemp("ring"))
 
 
 @pytest.mark.parametrize("case", CASES)
