@@ -9,8 +9,8 @@ params = {"wte": embedding (vocab_size, n_embd), "wpe": embedding (block_size, n
           "blocks": {"ln_1", "attn": {"qkv", "proj"}, "ln_2", "mlp": {"fc", "proj"}, every leaf stacked on a
                      leading n_layer axis}, "ln_f"}.
 There is no "lm_head": the output head is the token embedding transposed (weight tying, Press & Wolf 2017).
-The blocks run under `lax.scan` (one traced block whatever the depth) or, with `layers="loop"`, as a Python
-loop; both compute the same maths. Dropout is on when `apply` gets a key.
+The blocks run under `lax.scan` (one traced block whatever the depth) or as a Python loop (`layers`; "auto"
+loops over shallow stacks, scans deep ones); both compute the same maths. Dropout is on when `apply` gets a key.
 
 Beside this page: `gpt_decode` (a key/value cache, `generate`), `gpt_parallel` (the same functions on a device
 mesh), `gpt_surgery` (cropping context or vocabulary). The one mesh concept here is `axis_name`, Megatron-LM
@@ -50,7 +50,8 @@ class GPTConfig:
             applied only when `apply` gets a key.
         bias: biases in linear layers and LayerNorms, as GPT-2; False is nanoGPT's "a bit better and faster".
         gelu: "exact" (erf, torch's nn.GELU default, nanoGPT) or "tanh" (the approximation GPT-2 was trained with).
-        layers: "scan" (compile time flat in depth) or "loop" (unrolled, which XLA may fuse across layers);
+        layers: "scan" (compile time flat in depth), "loop" (unrolled, which XLA may fuse across layers) or
+            "auto" (loop up to `stack.AUTO_LOOP_DEPTH` layers without remat, else scan: `stack.resolve`);
             the same maths, equal to float32 rounding (XLA fuses the two programs differently).
         remat: "none", "block" or a policy: what each block keeps for the backward pass (purejax/nn/remat.py).
         attention_impl: passed to `purejax.nn.attention` ("auto", "fused" or "einsum").
@@ -66,7 +67,7 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     gelu: Literal["exact", "tanh"] = "exact"
-    layers: Literal["scan", "loop"] = "scan"
+    layers: stack.Mode = "scan"
     attention_impl: attention.Impl = "auto"
     remat: str = "none"
     n_experts: int = 0
@@ -86,7 +87,7 @@ class GPTConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"GPTConfig: dropout must be in [0, 1), got {self.dropout!r}")
-        for name, allowed in (("gelu", ("exact", "tanh")), ("layers", ("scan", "loop")), ("remat", remat_lib.CHOICES)):
+        for name, allowed in (("gelu", ("exact", "tanh")), ("layers", stack.MODES), ("remat", remat_lib.CHOICES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"GPTConfig: {name} must be one of {allowed}, got {getattr(self, name)!r}")
         gpt_moe.check_config(self)
@@ -187,11 +188,9 @@ def hidden_with_stats(
         return x, jax.tree.map(jnp.add, carry[1], stats)
 
     layer = layer if wrap_block is None else wrap_block(layer)
-    layer = remat_lib.wrap(layer, config.remat, prevent_cse=config.layers == "loop")  # inside the scan: no CSE
-    if config.layers == "scan":
-        run, blocks = stack.scan, params["blocks"]
-    else:
-        run, blocks = stack.loop, stack.unstack(params["blocks"])  # slices per layer: free under jit
+    mode = stack.resolve(config.layers, config.n_layer, remat=config.remat != "none")  # "auto": loop if shallow
+    layer = remat_lib.wrap(layer, config.remat, prevent_cse=mode == "loop")  # inside the scan: no CSE
+    run, blocks = functools.partial(stack.apply, mode), params["blocks"]
     carry = (x, gpt_moe.no_stats(config))
     if dropout_on:
         layer_keys = stack.layer_keys(keys["blocks"], config.n_layer)

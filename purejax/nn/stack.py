@@ -8,7 +8,11 @@ the last bits). The helpers convert between the two layouts losslessly.
     x = stack.loop(lambda p, x: block_apply(p, x, config), stack.unstack(blocks), x)  # n_layer traced blocks
 
 Why both. `scan` traces and compiles the block once, so compile time does not grow with depth; `loop`
-unrolls, which lets XLA fuse across layers and lets a reader step through layers one by one.
+unrolls, which lets XLA fuse across layers and lets a reader step through layers one by one. `apply(mode, ...)`
+runs either by name, and mode "auto" (`resolve`) picks `loop` up to `AUTO_LOOP_DEPTH` layers, `scan` beyond
+and for rematerialised blocks: shallow stacks are a few percent faster unrolled on a CPU while their compile
+time is still about scan's, deep ones compile in time flat in depth (docs/benchmarks.md, GPT training step:
+"Scan, loop or auto").
 
 Keys. Layer i's key is `jax.random.fold_in(key, i)` (`layer_keys`): it depends on the index alone, so
 appending a layer changes no other layer's initialisation. `init` builds all layers in one vmapped trace of
@@ -22,7 +26,7 @@ its new cache. Without `xs`, it is `block_apply(layer_params, x) -> x` and the s
 
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +36,12 @@ from purejax import tree as tree_lib
 from purejax.nn._check import check_same_leading_axis
 
 PyTree = Any
+Mode = Literal["auto", "scan", "loop"]
+MODES = ("auto", "scan", "loop")
+# Measured for the GPT on a 2-core CPU (docs/benchmarks.md): the loop's compile time grows by about 0.6 s a layer
+# (baby width: 3.5 s at 4 layers, 5.4 s at 8, 11 s at 16; scan 3.6-4.6 s at every depth), and its step is no
+# faster than scan's from 8 layers on, so "auto" unrolls only the shallow stacks where the loop was measured ahead.
+AUTO_LOOP_DEPTH = 6
 
 
 def layer_keys(key: PRNGKeyArray, n: int) -> Key[Array, " n"] | UInt32[Array, "n 2"]:
@@ -66,6 +76,27 @@ def scan(
         return jax.lax.scan(lambda x, p: (block_apply(p, x), None), x, stacked, unroll=unroll)[0]
     _check_xs(xs, n)
     return jax.lax.scan(lambda x, pxs: block_apply(pxs[0], x, pxs[1]), x, (stacked, xs), unroll=unroll)
+
+
+def resolve(mode: str, n: int, *, remat: bool = False) -> Literal["scan", "loop"]:
+    """The way to run `n` layers: `mode` itself, or for "auto" "loop" when n <= AUTO_LOOP_DEPTH and the blocks
+    are not rematerialised, else "scan". With `remat` (a block under jax.checkpoint) "auto" scans: XLA:CPU
+    schedules an unrolled loop's recomputation away (a 4-layer GPT's scratch memory, "block" against "none":
+    20.4 against 20.1 MB as a loop, 5.9 against 15.9 MB under scan)."""
+    if mode not in MODES:
+        raise ValueError(f"stack: mode must be one of {MODES}, got {mode!r}")
+    if mode == "auto":
+        return "loop" if n <= AUTO_LOOP_DEPTH and not remat else "scan"
+    return mode
+
+
+def apply(mode: str, block_apply: Callable[..., Any], stacked: PyTree, x: PyTree, *, xs: PyTree = None) -> Any:
+    """`scan` or `loop` (over `unstack(stacked)`: slices, free under jit) as `resolve(mode, depth)` says; both
+    take the stacked params, called and returning as `scan` does. For a rematerialised block pass the mode
+    `resolve(mode, n, remat=True)` gives."""
+    if resolve(mode, depth(stacked)) == "scan":
+        return scan(block_apply, stacked, x, xs=xs)
+    return loop(block_apply, unstack(stacked), x, xs=xs)
 
 
 def loop(block_apply: Callable[..., Any], layers: Sequence[PyTree], x: PyTree, *, xs: PyTree = None) -> Any:

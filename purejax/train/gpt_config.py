@@ -45,7 +45,10 @@ class TrainConfig(RunSettings):
     dropout: float = setting(0.0, "dropout rate while training", at_least=0, below=1)
     bias: bool = setting(False, "biases in the linear layers and LayerNorms (GPT-2: true)")
     gelu: Literal["exact", "tanh"] = setting("exact", "GELU: exact (erf, nanoGPT) or tanh (GPT-2's approximation)")
-    layers: Literal["scan", "loop"] = setting("scan", "blocks as one lax.scan (compiles once) or a Python loop")
+    layers: Literal["auto", "scan", "loop"] = setting(
+        "scan",
+        "blocks as one lax.scan (compiles once), a Python loop, or auto: loop if shallow (stack.AUTO_LOOP_DEPTH)",
+    )
     remat: str = setting("none", "recompute activations in the backward pass: 'none', 'block' or a "
                          "jax.checkpoint_policies name (purejax/nn/remat.py)", check=remat_lib.check)  # fmt: skip
     # mixture of experts (purejax/models/gpt_moe.py, docs/parallel-experts.md)

@@ -1,5 +1,8 @@
 """purejax.nn.stack: scan equals loop (values and gradients), one trace for init, a program that does not
-grow with depth, per-layer keys and per-layer key/value caches, lossless stack/unstack, and the errors."""
+grow with depth, "auto" choosing by depth, per-layer keys and per-layer key/value caches, lossless
+stack/unstack, and the errors."""
+
+import dataclasses
 
 import chex
 import jax
@@ -9,6 +12,7 @@ import numpy as np
 import pytest
 
 from purejax import tree
+from purejax.models import gpt
 from purejax.nn import attention, attention_cache, layer_norm, mlp, stack
 from purejax.nn.attention import AttentionConfig
 
@@ -109,6 +113,50 @@ def test_scan_program_does_not_grow_with_depth():
     assert size(stack.loop, 8) > 3 * size(stack.loop, 2)  # the unrolled loop does grow: the check can fail
 
 
+def _scans(jaxpr):
+    return sum(
+        (e.primitive.name == "scan") + sum(map(_scans, jax.extend.core.jaxprs_in_params(e.params))) for e in jaxpr.eqns
+    )
+
+
+def _has_scan(fn, *args):
+    return _scans(jax.make_jaxpr(fn)(*args).jaxpr) > 0
+
+
+@pytest.mark.parametrize("n", [1, stack.AUTO_LOOP_DEPTH, stack.AUTO_LOOP_DEPTH + 1])
+def test_apply_auto_loops_shallow_stacks_and_scans_deep_ones(n):
+    """`apply(mode, ...)` runs `scan` or `loop` by name; "auto" unrolls up to AUTO_LOOP_DEPTH layers (the
+    program has no scan), scans beyond, and either way computes what the explicit forms compute."""
+    params = init(jax.random.key(0), n, block_init)
+    assert stack.resolve("auto", n) == ("loop" if n <= stack.AUTO_LOOP_DEPTH else "scan")
+    assert stack.resolve("auto", n, remat=True) == "scan"  # XLA:CPU schedules a loop's recomputation away
+    assert [stack.resolve(m, n, remat=True) for m in ("scan", "loop")] == ["scan", "loop"]  # explicit modes stay
+    assert _has_scan(lambda p, x: stack.apply("auto", block_apply, p, x), params, X) == (n > stack.AUTO_LOOP_DEPTH)
+    assert _has_scan(lambda p, x: stack.apply("scan", block_apply, p, x), params, X)
+    assert not _has_scan(lambda p, x: stack.apply("loop", block_apply, p, x), params, X)
+    want = jax.jit(lambda p, x: stack.loop(block_apply, stack.unstack(p), x))(params, X)
+    for mode in stack.MODES:
+        got = jax.jit(lambda p, x, mode=mode: stack.apply(mode, block_apply, p, x))(params, X)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=mode)
+    # per-layer inputs and outputs ride along as in scan and loop: here each layer adds its index
+    x, ys = stack.apply("auto", lambda p, x, i: (x + i, i * 2), params, X, xs=jnp.arange(n))
+    np.testing.assert_allclose(x, X + n * (n - 1) / 2, rtol=1e-6)
+    np.testing.assert_array_equal(ys, 2 * np.arange(n))
+
+
+@pytest.mark.parametrize("remat", ["none", "block"])
+def test_gpt_layers_auto_computes_what_scan_computes(remat):
+    """GPTConfig(layers="auto") at 2 layers: unrolled without remat, a scan with it, the loss of layers="scan"."""
+    config = gpt.GPTConfig(block_size=8, vocab_size=16, n_layer=2, n_head=2, n_embd=16, remat=remat, layers="auto")
+    params = gpt.init(jax.random.key(0), config)
+    idx = jax.random.randint(jax.random.key(1), (2, 8), 0, 16)
+    loss = jax.jit(lambda p, c: gpt.loss(p, (idx, idx), c), static_argnums=1)
+    assert _has_scan(lambda p: gpt.loss(p, (idx, idx), config), params) == (remat != "none")
+    np.testing.assert_allclose(
+        loss(params, config), loss(params, dataclasses.replace(config, layers="scan")), rtol=1e-6
+    )
+
+
 def test_per_layer_dropout_keys(stacked):
     x = X
 
@@ -169,6 +217,8 @@ def test_errors_name_what_is_wrong():
     stacked = {"w": jnp.ones((3, 2))}
     with pytest.raises(ValueError, match="xs has 2 layers on its leading axis, but the params have 3"):
         stack.scan(lambda p, x, k: (x, None), stacked, jnp.ones(2), xs=jnp.ones((2, 5)))
+    with pytest.raises(ValueError, match=r"mode must be one of \('auto', 'scan', 'loop'\), got 'vmap'"):
+        stack.apply("vmap", lambda p, x: x, stacked, jnp.ones(2))
     with pytest.raises(ValueError, match="non-empty list"):
         stack.loop(lambda p, x: x, [], jnp.ones(2))
     with pytest.raises(tree.TreeMismatchError, match=r"layer 1 .*\n.*shape mismatch: w: expected \(2,\), got \(3,\)"):
