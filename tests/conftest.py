@@ -22,3 +22,27 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 from jaxtyping import install_import_hook  # noqa: E402
 
 install_import_hook(["purejax"], "beartype.beartype(conf=beartype.BeartypeConf(is_pep484_tower=True))")
+
+# The slowest files (whole training runs, 8-device child processes, every docs page) start first, so that the
+# pytest-xdist workers (`dev.py test`, a file per worker at a time) share them instead of one worker finishing
+# the last of them alone. Every other file keeps its place.
+RUN_FIRST = (
+    "tests/test_docs.py",
+    "tests/purejax/train/test_gpt.py",
+    "tests/purejax/train/test_pipeline_train.py",
+    "tests/purejax/train/test_parallel.py",
+    "tests/purejax/parallel/test_pipeline.py",
+    "tests/purejax/models/test_gpt_sequence_parallel.py",
+    "tests/purejax/parallel/test_experts.py",
+    "tests/bench/test_bench_parallel.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    root = Path(__file__).resolve().parent.parent
+
+    def rank(item) -> int:
+        path = Path(item.path).resolve().relative_to(root).as_posix()
+        return RUN_FIRST.index(path) if path in RUN_FIRST else len(RUN_FIRST)
+
+    items.sort(key=rank)  # stable: a file's tests stay together and in order
