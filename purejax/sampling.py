@@ -5,11 +5,19 @@ then a draw. Pure functions of arrays, jittable; a filter sets the logits it rem
 
 The order is the usual one (nanoGPT, Hugging Face): divide by the temperature, keep the top k, then keep the
 nucleus of the rest. Temperature 0 is greedy decoding (the arg-max), which every filter keeps.
+
+The language models' `generate` (purejax/models/gpt_decode.py, llama_decode.py) share what is not their model's:
+the argument checks (`check_generate`, `check_lengths`) and the loop that draws a token per row and feeds it
+back (`generate_loop`); each brings its own prefill and decoding step.
 """
+
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
+import numpy as np
+from jaxtyping import Array, ArrayLike, Float, Int, Integer, PRNGKeyArray
 
 
 def top_k_filter(logits: Float[Array, "*batch vocab"], k: int) -> Float[Array, "*batch vocab"]:
@@ -72,6 +80,87 @@ def check_args(*, temperature=1.0, top_k=None, top_p=None) -> None:
         raise ValueError(f"sample: top_k must be a positive int or None, got {top_k!r}")
     if top_p is not None:
         _check_probability("sample", "top_p", top_p)
+
+
+def check_generate(
+    prompt: Integer[ArrayLike, "batch prompt"], lengths: Any, *, max_new_tokens: int, **settings: Any
+) -> tuple[Array, Array | np.ndarray]:
+    """The checks a `generate` makes before compiling: the sampling `settings` (`check_args`), max_new_tokens an
+    int >= 0, a (batch, >= 1) prompt and its `lengths` (`check_lengths`). Returns (prompt as an array, lengths)."""
+    check_args(**settings)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    prompt = jnp.asarray(prompt)
+    if prompt.ndim != 2 or prompt.shape[1] == 0:
+        raise ValueError(f"generate: the prompt is empty or not 2-D (the prompt has shape {tuple(prompt.shape)}); "
+                         "give at least one token id per row, shape (batch, >= 1)")  # fmt: skip
+    return prompt, check_lengths(lengths, prompt, "generate")
+
+
+def check_lengths(lengths: Any, idx: Array, where: str) -> Array | np.ndarray:
+    """`lengths`, the real tokens of each row of a right-padded `idx`, as (batch,) int32; all of `idx`'s columns
+    when None. A concrete value must lie in [1, seq] and comes back as numpy (an eager jnp op would compile a
+    program of its own)."""
+    batch, seq = idx.shape
+    if lengths is None:
+        return np.full((batch,), seq, np.int32)
+    if _is_concrete(lengths):
+        lengths = np.asarray(lengths)
+    if lengths.shape != (batch,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
+        raise ValueError(f"{where}: lengths must be {batch} integers, one per row of the prompt, got "
+                         f"{lengths.dtype} {tuple(lengths.shape)}")  # fmt: skip
+    if not _is_concrete(lengths):
+        return lengths.astype(jnp.int32)
+    bad = np.flatnonzero((lengths < 1) | (lengths > seq))
+    if bad.size:
+        raise ValueError(f"{where}: lengths[{bad[0]}]={lengths[bad[0]]} is outside [1, {seq}]: each row holds 1 "
+                         f"to {seq} (the prompt array's width) real tokens")  # fmt: skip
+    return lengths.astype(np.int32)
+
+
+def generate_loop(
+    prefill: Callable[[Array], tuple[Array, Any]],
+    feed: Callable[[Array, Array, Any], tuple[Array, Any]],
+    prompt: Integer[Array, "batch prompt"],
+    lengths: Int[ArrayLike, " batch"],
+    *,
+    width: int,
+    key: PRNGKeyArray,
+    max_new_tokens: int | Int[Array, ""],
+    **settings: Any,
+) -> Int[Array, "batch width"]:
+    """Generation's loop, under jit: row b of the result is its lengths[b] prompt tokens, then max_new_tokens
+    tokens drawn by `sample(fold_in(key, i), logits, **settings)` at step i, then zeros; `width` (static) must
+    hold prompt.shape[1] + max_new_tokens. max_new_tokens >= 1 may be traced (a `lax.fori_loop` count), so one
+    compilation serves every count.
+
+    Arguments:
+        prefill: `tokens` (batch, width), the right-padded prompts, -> (the logits (batch, vocab) that follow
+            each row's last prompt token, the model's state: its cache).
+        feed: (`tokens`, i, state) -> (logits, state): the logits that follow token lengths + i of each row,
+            which the loop has just drawn and written into `tokens`.
+    """
+    (batch, n_prompt), rows = prompt.shape, jnp.arange(prompt.shape[0])
+    tokens = jnp.zeros((batch, width), jnp.int32).at[:, :n_prompt].set(prompt.astype(jnp.int32))
+    tokens = jnp.where(jnp.arange(width) < lengths[:, None], tokens, 0)
+
+    def draw(tokens, logits, i):  # each row's token lengths + i
+        return tokens.at[rows, lengths + i].set(sample(jax.random.fold_in(key, i), logits, **settings))
+
+    def step(i, carry):
+        tokens, logits, state = carry
+        tokens = draw(tokens, logits, i)
+        return (tokens, *feed(tokens, i, state))
+
+    tokens, logits, _ = jax.lax.fori_loop(0, max_new_tokens - 1, step, (tokens, *prefill(tokens)))
+    return draw(tokens, logits, max_new_tokens - 1)
+
+
+def first_columns(tokens: Int[Array, "batch width"], total: int) -> Int[Array, "batch total"]:
+    """tokens[:, :total], cut on the host when `tokens` is concrete: an eager slice compiles a program per total."""
+    if not _is_concrete(tokens):  # generate itself under jit
+        return tokens[:, :total]
+    return jax.device_put(np.asarray(tokens)[:, :total])
 
 
 def _is_concrete(x) -> bool:

@@ -9,7 +9,7 @@ nanoGPT's `generate` built on them.
 Decoding one token at a time should not recompute the whole context. The cache holds every layer's keys and
 values for `block_size` positions and, per row, the number of positions written; a decoding step runs the
 blocks of `gpt.apply` (the same params) on the new tokens alone, their attention writing them into the cache
-and reading it (`cached_attention`). Every shape is fixed, so a step compiles once.
+and reading it (`purejax.nn.attention_cache.cached_attention`). Every shape is fixed, so a step compiles once.
 
 A decoding step is bound by memory, not arithmetic: it multiplies one token per row by every weight and reads
 the whole cache, so its floor is the time to stream those bytes (docs/benchmarks.md measures it), and nothing
@@ -28,13 +28,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int, Integer, PRNGKeyArray
 
 from purejax import sampling
 from purejax.models import gpt, gpt_moe
 from purejax.models.gpt import GPTConfig, Params
 from purejax.nn import attention, check_keys, embedding, layer_norm, linear, mlp, stack
+from purejax.nn.attention_cache import cached_attention
 
 Cache = dict[str, Any]
 
@@ -49,41 +49,6 @@ def init_cache(config: GPTConfig, batch: int, dtype: Any = jnp.float32) -> Cache
     layers = range(config.n_layer)
     return {"k": [jnp.zeros(shape, dtype) for _ in layers], "v": [jnp.zeros(shape, dtype) for _ in layers],
             "index": jnp.zeros((batch,), jnp.int32)}  # fmt: skip
-
-
-def cached_attention(
-    q: Float[Array, "batch seq n_head head_dim"],
-    k: Float[Array, "batch seq n_kv_head head_dim"],
-    v: Float[Array, "batch seq n_kv_head head_dim"],
-    cache: dict[str, Float[Array, "batch*n_kv_head max_len head_dim"]],
-    index: Int[Array, " batch"],
-) -> tuple[Float[Array, "batch seq n_head head_dim"], dict[str, Array]]:
-    """Causal attention of each row's new tokens, at positions index[b], index[b] + 1, ..., over the positions
-    before them in the cache and themselves. Their keys and values are written into the cache first, in place
-    (a row past max_len overwrites its last slots; its logits are NaN anyway, see `decode_step`), then every
-    query reads the whole cache, the positions after its own (not written yet, or a shorter row's padding)
-    masked out. Query head j*g+i reads key/value head j.
-
-    Batch and heads share the products' one batch axis: with a size-1 batch axis of its own, XLA:CPU copied
-    the cache at every step of a batch of one."""
-    batch, seq, n_head, head_dim = q.shape
-    n_kv_head, (max_len, group) = k.shape[2], (cache["k"].shape[1], n_head // k.shape[2])
-
-    def write(cache, new):  # row b's (seq, n_kv_head, head_dim) at its index, in its (n_kv_head, max_len, head_dim)
-        def row(c, n, start):
-            return jax.lax.dynamic_update_slice(c, jnp.swapaxes(n, 0, 1).astype(c.dtype), (0, start, 0))
-
-        return jax.vmap(row)(cache.reshape(batch, n_kv_head, max_len, head_dim), new, index).reshape(cache.shape)
-
-    cache = {name: write(cache[name], new) for name, new in (("k", k), ("v", v))}
-    q = q.reshape(batch, seq, n_kv_head, group, head_dim).transpose(0, 2, 3, 1, 4)  # (b, kv, g, seq, d): small
-    logits = jnp.einsum("nqd,nsd->nqs", q.reshape(batch * n_kv_head, group * seq, head_dim), cache["k"],
-                        preferred_element_type=jnp.float32).reshape(batch, n_kv_head, group, seq, max_len)  # fmt: skip
-    allowed = jnp.arange(max_len) <= (index[:, None] + jnp.arange(seq))[:, None, None, :, None]
-    probs = jax.nn.softmax(jnp.where(allowed, logits * (1.0 / head_dim**0.5), -jnp.inf), axis=-1)
-    probs = probs.reshape(batch * n_kv_head, group * seq, max_len).astype(cache["v"].dtype)
-    out = jnp.einsum("nqs,nsd->nqd", probs, cache["v"]).reshape(batch, n_kv_head, group, seq, head_dim)
-    return out.transpose(0, 3, 1, 2, 4).reshape(batch, seq, n_head, head_dim).astype(q.dtype), cache
 
 
 def decode_step(
@@ -107,7 +72,7 @@ def decode_step(
     idx = jnp.asarray(idx)
     gpt.check_inputs(params, idx, config)
     _check_cache(cache, config, idx.shape[0])
-    lengths = check_lengths(lengths, idx, "decode_step")
+    lengths = sampling.check_lengths(lengths, idx, "decode_step")
     index = cache["index"]
     if not isinstance(index, jax.core.Tracer) and int(jnp.max(index)) + idx.shape[1] > config.block_size:
         raise ValueError(f"decode_step: a row of the cache holds {int(jnp.max(index))} positions; {idx.shape[1]} "
@@ -178,65 +143,38 @@ def generate(
     max_new_tokens falls in the same multiple of block_size, and every temperature, top_p, key and params
     value; it depends on the shapes of params and prompt, the config, top_k and whether top_p is None.
     """
-    prompt = jnp.asarray(prompt)
-    sampling.check_args(temperature=temperature, top_k=top_k, top_p=top_p)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    if prompt.ndim != 2 or prompt.shape[1] == 0:
-        raise ValueError(f"generate: the prompt is empty or not 2-D, shape {tuple(prompt.shape)}; give at least one "
-                         "token per row (shape (batch, >= 1))")  # fmt: skip
-    lengths = check_lengths(lengths, prompt, "generate")
+    settings = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    prompt, lengths = sampling.check_generate(prompt, lengths, max_new_tokens=max_new_tokens, **settings)
     total = prompt.shape[1] + max_new_tokens
     if max_new_tokens == 0:
         return jnp.where(jnp.arange(total) < lengths[:, None], prompt, 0).astype(jnp.int32)
     width = -(-total // config.block_size) * config.block_size  # the token buffer, a multiple of block_size
     out = _generate(params, prompt, lengths, config, key, max_new_tokens, temperature, top_k, top_p, width)
-    if isinstance(out, jax.core.Tracer):  # generate itself under jit
-        return out[:, :total]
-    return jax.device_put(np.asarray(out)[:, :total])  # cut on the host: no program compiled per length
-
-
-def check_lengths(lengths: Any, idx: Array, where: str) -> Array | np.ndarray:
-    """`lengths` as (batch,) int32, all of `idx`'s columns when None; a concrete value must lie in [1, seq] and
-    comes back as numpy (an eager jnp op would compile a program of its own)."""
-    batch, seq = idx.shape
-    if lengths is None:
-        return np.full((batch,), seq, np.int32)
-    if not isinstance(lengths, jax.core.Tracer):
-        lengths = np.asarray(lengths)
-    if lengths.shape != (batch,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
-        raise ValueError(f"{where}: lengths must be {batch} integers, one per row of the prompt, got "
-                         f"{lengths.dtype} {tuple(lengths.shape)}")  # fmt: skip
-    if isinstance(lengths, jax.core.Tracer):
-        return lengths.astype(jnp.int32)
-    bad = np.flatnonzero((lengths < 1) | (lengths > seq))
-    if bad.size:
-        raise ValueError(f"{where}: lengths[{bad[0]}]={lengths[bad[0]]} is outside [1, {seq}]: each row holds 1 "
-                         f"to {seq} (the prompt array's width) real tokens")  # fmt: skip
-    return lengths.astype(np.int32)
+    return sampling.first_columns(out, total)
 
 
 @partial(jax.jit, static_argnames=("config", "top_k", "width"))
 def _generate(params, prompt, lengths, config, key, max_new_tokens, temperature, top_k, top_p, width) -> Array:
     (batch, n_prompt), block = prompt.shape, config.block_size
     rows, ones = jnp.arange(batch), jnp.ones((batch,), jnp.int32)
-    tokens = jnp.zeros((batch, width), jnp.int32).at[:, :n_prompt].set(prompt.astype(jnp.int32))
-    tokens = jnp.where(jnp.arange(width) < lengths[:, None], tokens, 0)
     blocks = stack.unstack(params["blocks"])  # sliced once: the loop reads each layer's weights where they lie
 
     def windows(tokens, end, size):  # each row's `size` tokens before column end (cropped at the start)
         return jax.vmap(lambda row, e: jax.lax.dynamic_slice(row, (e - size,), (size,)))(tokens, end)
 
-    def next_token(logits, i):
-        return sampling.sample(jax.random.fold_in(key, i), logits, temperature=temperature, top_k=top_k, top_p=top_p)
+    def prefill(tokens):  # nanoGPT crops each prompt to its last block_size tokens
+        context_len = min(n_prompt, block)
+        real = jnp.minimum(lengths, context_len)
+        context = windows(tokens, jnp.maximum(lengths, context_len), context_len)
+        cache = init_cache(config, batch, params["wte"]["w"].dtype)
+        h, cache = _hidden(params, blocks, cache, context, real, config)
+        return embedding.attend(params["wte"], h[rows, real - 1]), cache
 
-    def step(i, carry):  # draw each row's token lengths + i, then feed it: the logits that follow it
-        tokens, logits, cache = carry
-        tokens = tokens.at[rows, lengths + i].set(next_token(logits, i))
+    def feed(tokens, i, cache):  # the logits that follow each row's token lengths + i
         h, cache = _hidden(params, blocks, cache, tokens[rows, lengths + i][:, None], ones, config)
         logits = embedding.attend(params["wte"], h[:, 0])
         if min(n_prompt, block) + width - n_prompt - 1 <= block:  # static: no row's cache can run out
-            return tokens, logits, cache
+            return logits, cache
         # A row past the block has NaN logits (no learned position left): its last block_size tokens, from scratch.
         room = cache["index"] <= block
 
@@ -245,16 +183,11 @@ def _generate(params, prompt, lengths, config, key, max_new_tokens, temperature,
             full = embedding.attend(params["wte"], gpt.hidden(params, window, no_capacity(config))[:, -1])
             return jnp.where(room[:, None], logits, full)
 
-        return tokens, jax.lax.cond(jnp.all(room), lambda: logits, recompute), cache
+        return jax.lax.cond(jnp.all(room), lambda: logits, recompute), cache
 
-    context_len = min(n_prompt, block)  # nanoGPT crops each prompt to its last block_size tokens
-    real = jnp.minimum(lengths, context_len)
-    context = windows(tokens, jnp.maximum(lengths, context_len), context_len)
-    cache = init_cache(config, batch, params["wte"]["w"].dtype)
-    h, cache = _hidden(params, blocks, cache, context, real, config)
-    carry = (tokens, embedding.attend(params["wte"], h[rows, real - 1]), cache)
-    tokens, logits, _ = jax.lax.fori_loop(0, max_new_tokens - 1, step, carry)  # a traced count: one compilation
-    return tokens.at[rows, lengths + max_new_tokens - 1].set(next_token(logits, max_new_tokens - 1))
+    settings = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    return sampling.generate_loop(prefill, feed, prompt, lengths, width=width, key=key,
+                                  max_new_tokens=max_new_tokens, **settings)  # fmt: skip
 
 
 def _check_cache(cache: Any, config: GPTConfig, batch: int) -> None:

@@ -174,9 +174,9 @@ def test_bad_lengths_are_rejected(lengths, message):
         gpt_decode.decode_step(params, gpt_decode.init_cache(CONFIG, B), prompt, CONFIG, lengths=lengths)
     # the shape and dtype (which the test suite's jaxtyping checks catch first, at the public functions)
     with pytest.raises(ValueError, match=r"lengths must be 2 integers, one per row of the prompt, got int\d+ \(3,\)"):
-        gpt_decode.check_lengths(jnp.array([2, 2, 2]), prompt, "generate")
+        sampling.check_lengths(jnp.array([2, 2, 2]), prompt, "generate")
     with pytest.raises(ValueError, match="lengths must be 2 integers, one per row of the prompt, got float32"):
-        gpt_decode.check_lengths(jnp.array([2.0, 2.0]), prompt, "generate")
+        sampling.check_lengths(jnp.array([2.0, 2.0]), prompt, "generate")
 
 
 def test_a_padded_prompt_beyond_block_size_is_rejected():

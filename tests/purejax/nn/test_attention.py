@@ -138,7 +138,7 @@ def test_cached_decoding_equals_full_forward(config):
 
     cache, ys = jax.lax.scan(step, init_cache(config, B, max_len), jnp.swapaxes(x, 0, 1))
     np.testing.assert_allclose(jnp.swapaxes(ys, 0, 1), full, rtol=1e-5, atol=1e-5)
-    assert int(cache["index"]) == T
+    np.testing.assert_array_equal(cache["index"], [T] * B)
 
     # a prompt of 4 tokens, then the rest one by one
     y_prompt, cache = decode(params, x[:, :4], init_cache(config, B, max_len), config)
@@ -158,6 +158,18 @@ def test_cached_decoding_with_a_padding_mask_over_cache_positions():
     np.testing.assert_allclose(jnp.concatenate([y0, y1], axis=1), full, rtol=1e-5, atol=1e-5)
 
 
+def test_non_causal_decoding_reads_every_written_position():
+    """Without the causal mask, the last chunk's queries see every position written (their own chunk's
+    included) and nothing unwritten: the full non-causal pass's last positions, from a longer cache."""
+    config = AttentionConfig(D, 4, n_kv_head=2, causal=False)
+    params, x = make(config)
+    _, cache = decode(params, x[:, :3], init_cache(config, B, T + 2), config)
+    y, cache = decode(params, x[:, 3:], cache, config)
+    np.testing.assert_allclose(y, apply(params, x, config)[:, 3:], rtol=1e-5, atol=1e-5)
+    first, _ = decode(params, x[:, :3], init_cache(config, B, T), config)
+    assert not np.allclose(first, apply(params, x, config)[:, :3])  # the first chunk did not see the later tokens
+
+
 def test_decoding_under_scan_traces_once():
     config = AttentionConfig(D, 4, n_kv_head=2)
     params, x = make(config)
@@ -174,7 +186,7 @@ def test_decoding_under_scan_traces_once():
     xs = jnp.swapaxes(x, 0, 1)
     cache, _ = decode_all(init_cache(config, B, 2 * T), xs)
     cache, ys = decode_all(cache, xs)  # another start index: a traced value, so no retrace
-    assert int(cache["index"]) == 2 * T
+    np.testing.assert_array_equal(cache["index"], [2 * T] * B)
     assert np.isfinite(ys).all()
 
 
@@ -284,17 +296,17 @@ def test_wrong_inputs_give_clear_errors():
 def test_wrong_caches_give_clear_errors():
     config = AttentionConfig(D, 4)
     params, x = make(config)
-    wrong_heads = r"cache\['k'\] has shape \(2, 8, 2, 4\), expected \(batch=2, max_len, n_kv_head=4"
+    wrong_heads = r"cache\['k'\] has shape \(4, 8, 4\), expected \(batch \* n_kv_head=2 \* 4, max_len, head_dim=4"
     with pytest.raises(ValueError, match=wrong_heads):
         attention_cache.decode(params, x, init_cache(AttentionConfig(D, 4, n_kv_head=2), B, 8), config)
-    with pytest.raises(ValueError, match=r"cache\['k'\] has shape \(3, 8, 4, 4\), expected \(batch=2"):
+    with pytest.raises(ValueError, match=r"cache\['k'\] has shape \(12, 8, 4\), expected \(batch \* n_kv_head=2"):
         attention_cache.decode(params, x, init_cache(config, 3, 8), config)
     with pytest.raises(ValueError, match="seq=6 tokens, more than the cache's max_len=4"):
         attention_cache.decode(params, x, init_cache(config, B, 4), config)
     with pytest.raises(KeyError, match=r"attention cache: params have missing keys \['index'\]"):
-        attention_cache.decode(params, x, {"k": jnp.zeros((B, 8, 4, 4)), "v": jnp.zeros((B, 8, 4, 4))}, config)
+        attention_cache.decode(params, x, {"k": jnp.zeros((B * 4, 8, 4)), "v": jnp.zeros((B * 4, 8, 4))}, config)
     bad_index = {**init_cache(config, B, 8), "index": jnp.zeros((1,), jnp.int32)}
-    with pytest.raises(ValueError, match=r"cache\['index'\] must be an integer scalar, got int32\[1\]"):
+    with pytest.raises(ValueError, match=r"cache\['index'\] must be 2 integers, one per row, got int32 \(1,\)"):
         attention_cache.decode(params, x, bad_index, config)
 
 

@@ -198,7 +198,7 @@ def test_kv_caches_stacked_along_the_layer_axis():
     caches = stack.stack([attention_cache.init_cache(config, batch, seq)] * n_layer)
     caches, ys = jax.jit(lambda c, xs: jax.lax.scan(step, c, xs))(caches, jnp.swapaxes(x, 0, 1))
     np.testing.assert_allclose(jnp.swapaxes(ys, 0, 1), full, rtol=1e-5, atol=1e-5)
-    np.testing.assert_array_equal(caches["index"], [seq] * n_layer)
+    np.testing.assert_array_equal(caches["index"], [[seq] * batch] * n_layer)
 
     # the loop form, a prompt of 2 tokens then 2 more in one call, agrees too
     loop = jax.jit(lambda p, x, c: stack.loop(block, stack.unstack(p), x, xs=c))
