@@ -140,7 +140,7 @@ def init_block(key: PRNGKeyArray, config: LlamaConfig) -> Params:
 def rotary_qkv(
     params: Params,
     x: Float[Array, "batch seq d_model"],
-    positions: Integer[Array, " seq"],
+    positions: Integer[Array, "... seq"],
     config: LlamaConfig,
     *,
     axis_name: str | None = None,
@@ -149,8 +149,9 @@ def rotary_qkv(
     Float[Array, "batch seq n_kv_head head_dim"],
     Float[Array, "batch seq n_kv_head head_dim"],
 ]:
-    """The attention's q and k, v heads, q and k rotated to their `positions` (under tensor parallelism, this
-    device's heads: n_head and n_kv_head are its share). llama_decode caches k and v."""
+    """The attention's q and k, v heads, q and k rotated to their `positions`: (seq,) for every row, or
+    (batch, seq), each row its own (llama_decode, which caches k and v). Under tensor parallelism, this device's
+    heads: n_head and n_kv_head are its share."""
     q, k, v = attention.qkv_heads(params, x, config.attention, axis_name=axis_name)
     rotate = dict(theta=config.rope_theta, scaling=config.rope_scaling)
     return rotary.apply(q, positions, **rotate), rotary.apply(k, positions, **rotate), v

@@ -32,7 +32,7 @@ from jaxtyping import Array, ArrayLike, Float, Int, Integer, PRNGKeyArray
 from purejax import sampling
 from purejax.models import llama
 from purejax.models.llama import LlamaConfig, Params
-from purejax.nn import attention, check_keys, embedding, gated_mlp, linear, rms_norm, rotary, stack
+from purejax.nn import check_keys, embedding, gated_mlp, linear, rms_norm, stack
 from purejax.nn.attention_cache import cached_attention
 
 Cache = dict[str, Any]
@@ -86,13 +86,10 @@ def _hidden(params: Params, blocks: list, cache: Cache, idx: Array, lengths: Arr
     positions = index[:, None] + jnp.arange(idx.shape[1])
     x = embedding.apply(params["embed"], idx)
     batch, seq, _ = x.shape
-    rotate = dict(theta=config.rope_theta, scaling=config.rope_scaling)
     new = {"k": [], "v": [], "index": index + lengths}
     for p, k, v in zip(blocks, cache["k"], cache["v"], strict=True):  # llama.block, with a cache
         h = rms_norm.apply(p["attn_norm"], x, eps=config.norm_eps)
-        # llama.rotary_qkv, at each row's own positions (batch, seq) where it takes one (seq,) for every row
-        q, k_new, v_new = attention.qkv_heads(p["attn"], h, config.attention)
-        q, k_new = rotary.apply(q, positions, **rotate), rotary.apply(k_new, positions, **rotate)
+        q, k_new, v_new = llama.rotary_qkv(p["attn"], h, positions, config)  # each row at its own positions
         out, kv = cached_attention(q, k_new, v_new, {"k": k, "v": v}, index)
         x = x + linear.apply(p["attn"]["proj"], out.reshape(batch, seq, -1))
         x = x + gated_mlp.apply(p["mlp"], rms_norm.apply(p["mlp_norm"], x, eps=config.norm_eps))
