@@ -1,7 +1,8 @@
 """bench/gpt_train.py's GPT written in dm-haiku (`haiku` peer): the same maths, weights and optimizer.
 
 Modules are created inside one `hk.transform`ed function with chosen names (`h0_qkv`, `h0_ln_1`, ...), so the
-params are a flat dict that purejax's weights copy into directly; the blocks run as a Python loop, as the NNX
+params are a flat dict that purejax's weights copy into directly (with `config.bias`, the Linears' "b" and the
+LayerNorms' "offset" too); the blocks run as a Python loop, as the NNX
 and Equinox peers run theirs. The step is one `jax.jit` of value_and_grad + optax (the
 same `optax_adamw` as the NNX and Equinox peers), params and optimizer state donated. In bfloat16 the params
 are cast to the compute dtype inside the loss and the gradients come back float32 (purejax's `with_policy`).
@@ -21,11 +22,11 @@ def forward(idx, config):
     import haiku as hk
 
     def layer_norm(name, x):  # statistics in float32 whatever the compute dtype, as every peer's
-        norm = hk.LayerNorm(axis=-1, create_scale=True, create_offset=False, eps=1e-5, name=name)
+        norm = hk.LayerNorm(axis=-1, create_scale=True, create_offset=config.bias, eps=1e-5, name=name)
         return norm(x.astype(jnp.float32)).astype(x.dtype)
 
     def linear(name, width, x):
-        return hk.Linear(width, with_bias=False, name=name)(x)
+        return hk.Linear(width, with_bias=config.bias, name=name)(x)
 
     b, t = idx.shape
     d, n_head = config.n_embd, config.n_head
@@ -41,12 +42,14 @@ def forward(idx, config):
 
 
 def haiku_params(weights, config):
-    """purejax's weights in the Haiku params' names: {"wte": {"embeddings"}, "h0_qkv": {"w"}, ...}."""
+    """purejax's weights in the Haiku params' names: {"wte": {"embeddings"}, "h0_qkv": {"w"[, "b"]},
+    "h0_ln_1": {"scale"[, "offset"]}, ...}."""
     r = gpt_train.raw_weights(weights, config, stacked=False)
-    params = {"wte": {"embeddings": r["wte"]}, "wpe": {"embeddings": r["wpe"]}, "ln_f": {"scale": r["ln_f"]}}
+    norm = lambda p: {"scale": p["w"]} | ({"offset": p["b"]} if "b" in p else {})  # noqa: E731
+    params = {"wte": {"embeddings": r["wte"]}, "wpe": {"embeddings": r["wpe"]}, "ln_f": norm(r["ln_f"])}
     for i, p in enumerate(r["blocks"]):
-        params |= {f"h{i}_{name}": {"scale": p[name]} for name in ("ln_1", "ln_2")}
-        params |= {f"h{i}_{name}": {"w": p[name]} for name in ("qkv", "attn_proj", "fc", "mlp_proj")}
+        params |= {f"h{i}_{name}": norm(p[name]) for name in ("ln_1", "ln_2")}
+        params |= {f"h{i}_{name}": p[name] for name in ("qkv", "attn_proj", "fc", "mlp_proj")}  # Haiku's {"w", "b"}
     return jax.tree.map(jnp.array, params)
 
 

@@ -1,7 +1,12 @@
 """bench/gpt_train.py without timing anything: what MFU is measured against (an accelerator's peak from
 purejax.train.run's table, tested in tests/purejax/train/test_gpu_defaults.py), the GPT-2 124M case it runs on a
-GPU (built as shapes only, nothing trained), and the Haiku peer's copy of the weights against purejax's own step
-(with the bench extra's dm-haiku)."""
+GPU (built as shapes only, nothing trained), the runs `--configs` and `--bias` name, which GPTConfig.layers
+each purejax contender runs, and every peer's copy of purejax's weights, biases included, checked against
+purejax's own step as the bench checks it before timing. The peers whose library is not installed are skipped
+(the test venv has no flax, equinox, dm-haiku or torch: the bench extra, `pip install purejax[bench]`);
+purejax's scan and loop contenders and the raw JAX peers always run."""
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -37,13 +42,91 @@ def test_gpt2_case_is_gpt2_small_and_its_step_traces_in_bfloat16():
     assert loss.shape == () and loss.dtype == jnp.float32
 
 
+def test_cases_are_each_config_without_and_with_biases():
+    runs = gpt_train.cases(["tiny", "small-b16"], "both")
+    assert list(runs) == ["tiny", "tiny-bias", "small-b16", "small-b16-bias"]
+    assert [case.model.bias for case in runs.values()] == [False, True, False, True]
+    assert runs["tiny-bias"] == dataclasses.replace(
+        gpt_train.CASES["tiny"], model=dataclasses.replace(gpt_train.CASES["tiny"].model, bias=True)
+    )
+    assert list(gpt_train.cases(["baby"], "true")) == ["baby-bias"]
+    assert list(gpt_train.cases(["baby"], "false")) == ["baby"]
+    small, small_b16 = gpt_train.CASES["small"], gpt_train.CASES["small-b16"]
+    assert (small.batch, small_b16.batch, small.model == small_b16.model) == (4, 16, True)
+    with pytest.raises(ValueError, match="bias must be false, true or both, got 'yes'"):
+        gpt_train.cases(["tiny"], "yes")
+
+
+def test_purejax_contender_runs_the_default_layers_and_the_others_scan_and_loop(monkeypatch):
+    """`purejax` leaves GPTConfig.layers at its default (what a user gets), `purejax-scan` and `purejax-loop`
+    set it: the config each one hands to make_loss_fn is recorded (the steps are built, not run)."""
+    seen = []
+    make_loss_fn = gpt_train.train_gpt.make_loss_fn
+
+    def recording(model, policy):
+        seen.append(model.layers)
+        return make_loss_fn(model, policy)
+
+    monkeypatch.setattr(gpt_train.train_gpt, "make_loss_fn", recording)
+    case = gpt_train.CASES["tiny"]
+    weights, (x, y) = gpt_train.initial_weights(case.model), gpt_train.case_batch(case)
+    for peer in ("purejax", "purejax-scan", "purejax-loop"):
+        gpt_train.MAKERS[peer](weights, case.model, x, y)
+    default = gpt.GPTConfig.__dataclass_fields__["layers"].default
+    assert case.model.layers == default and seen == [default, "scan", "loop"]
+
+
+TINY_BIAS = gpt_train.cases(["tiny"], "true")["tiny-bias"]
+
+
+@pytest.fixture(scope="module")
+def tiny_bias():
+    """The tiny-bias run's weights and batch and purejax's two losses on them (float32), shared by the peers."""
+    config = TINY_BIAS.model
+    weights, (x, y) = gpt_train.initial_weights(config), gpt_train.case_batch(TINY_BIAS)
+    _, reference, _ = gpt_train.first_losses("purejax", weights, config, x, y)
+    return weights, x, y, reference
+
+
+def test_the_perturbed_biases_and_scales_change_the_loss_by_more_than_the_check_allows(tiny_bias):
+    """Setting the LayerNorm biases, the linear biases or the LayerNorm scales back to their initial 0 or 1 (what
+    a peer that dropped them computes) moves purejax's loss by more than 10x the agreement check's 1e-5."""
+    weights, x, y, reference = tiny_bias
+    loss_fn = gpt_train.train_gpt.make_loss_fn(TINY_BIAS.model, gpt_train.Policy(jnp.float32, "float32", jnp.float32))
+    loss = jax.jit(lambda params: loss_fn(params, (x, y), None)[0])
+    np.testing.assert_allclose(float(loss(weights)), reference[0], rtol=1e-6)  # the forward alone: the same loss
+    for name, value in (("bias", 0.0), ("b", 0.0), ("scale", 1.0)):
+        assert abs(float(loss(reset(weights, name, value))) / reference[0] - 1) > 1e-4, name
+
+
+def reset(weights, name, value):
+    """`weights` with every leaf called `name` filled with `value`."""
+    return jax.tree_util.tree_map_with_path(lambda path, a: np.full_like(a, value) if path[-1].key == name else a,
+                                            weights)  # fmt: skip
+
+
+PEER_LIBRARY = {"nnx": "flax", "nnx-tree": "flax", "nnx-split": "flax", "equinox": "equinox", "haiku": "haiku",
+                "torch": "torch", "torch-compile": "torch"}  # fmt: skip
+
+
+@pytest.mark.parametrize("peer", [p for p in gpt_train.PEERS if p != "purejax"])
+def test_every_peer_takes_purejax_step_with_biases(peer, tiny_bias):
+    """Each contender, built from the same weights (GPT-2's biases, perturbed off zero), reports purejax's loss
+    before and after one AdamW step, within the bench's own tolerance (`check_agreement`, float32)."""
+    if peer in PEER_LIBRARY:
+        pytest.importorskip(PEER_LIBRARY[peer], reason=f"{peer} needs {PEER_LIBRARY[peer]}: the bench extra")
+    weights, x, y, reference = tiny_bias
+    _, losses, _ = gpt_train.first_losses(peer, weights, TINY_BIAS.model, x, y)
+    gpt_train.check_agreement("tiny-bias", {peer: losses}, reference)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_haiku_peer_starts_from_purejax_weights_and_takes_the_same_step(dtype):
-    """The Haiku GPT holds exactly purejax's initial weights and reports purejax's loss before and after one
-    AdamW step (what the bench checks before timing, here at a tiny size)."""
+    """The Haiku GPT without biases holds exactly purejax's initial weights and reports purejax's loss before and
+    after one AdamW step, in float32 and in bfloat16 (what the bench checks before timing, here at a tiny size)."""
     pytest.importorskip("haiku", reason="dm-haiku is in the bench extra (pip install purejax[bench])")
     config = gpt_train._config(2, 2, 32, 16)
-    weights = jax.tree.map(np.asarray, gpt.init(jax.random.key(0), config))
+    weights = gpt_train.initial_weights(config)
     data = np.random.default_rng(0).integers(0, config.vocab_size, (4, config.block_size + 1), dtype=np.int32)
     x, y = data[:, :-1], data[:, 1:]
     ours, theirs = (make(weights, config, x, y, dtype=dtype) for make in (gpt_train.make_purejax, gpt_train.make_haiku))
