@@ -9,8 +9,7 @@ params = {"wte": embedding (vocab_size, n_embd), "wpe": embedding (block_size, n
           "blocks": {"ln_1", "attn": {"qkv", "proj"}, "ln_2", "mlp": {"fc", "proj"}, every leaf stacked on a
                      leading n_layer axis}, "ln_f"}.
 There is no "lm_head": the output head is the token embedding transposed (weight tying, Press & Wolf 2017).
-The blocks run under `lax.scan` (one traced block whatever the depth) or as a Python loop (`layers`; "auto"
-loops over shallow stacks, scans deep ones); both compute the same maths. Dropout is on when `apply` gets a key.
+The blocks run under `lax.scan` or as a Python loop (`layers`: the default "auto" loops over shallow stacks).
 
 Beside this page: `gpt_decode` (a key/value cache, `generate`), `gpt_parallel` (the same functions on a device
 mesh), `gpt_surgery` (cropping context or vocabulary). The one mesh concept here is `axis_name`, Megatron-LM
@@ -50,9 +49,9 @@ class GPTConfig:
             applied only when `apply` gets a key.
         bias: biases in linear layers and LayerNorms, as GPT-2; False is nanoGPT's "a bit better and faster".
         gelu: "exact" (erf, torch's nn.GELU default, nanoGPT) or "tanh" (the approximation GPT-2 was trained with).
-        layers: "scan" (compile time flat in depth), "loop" (unrolled, which XLA may fuse across layers) or
-            "auto" (loop up to `stack.AUTO_LOOP_DEPTH` layers without remat, else scan: `stack.resolve`);
-            the same maths, equal to float32 rounding (XLA fuses the two programs differently).
+        layers: "auto", the default (a loop up to `stack.AUTO_LOOP_DEPTH` layers, a scan beyond or for
+            rematerialised blocks: `run_blocks`), "scan" (compile time flat in depth) or "loop" (unrolled, which
+            XLA may fuse across layers); the same maths, equal to float32 rounding (fused differently).
         remat: "none", "block" or a policy: what each block keeps for the backward pass (purejax/nn/remat.py).
         attention_impl: passed to `purejax.nn.attention` ("auto", "fused" or "einsum").
         n_experts, expert_top_k, capacity_factor, moe_aux_weight: n_experts > 0 makes every block's MLP a
@@ -67,7 +66,7 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     gelu: Literal["exact", "tanh"] = "exact"
-    layers: stack.Mode = "scan"
+    layers: stack.Mode = "auto"
     attention_impl: attention.Impl = "auto"
     remat: str = "none"
     n_experts: int = 0
@@ -169,16 +168,11 @@ def hidden_with_stats(
     params: Params, idx: Integer[ArrayLike, "batch seq"], config: GPTConfig, *, key: PRNGKeyArray | None = None,
     axis_name: str | None = None, wrap_block: Callable | None = None, moe_axes: gpt_moe.MoEAxes | None = None,
 ) -> tuple[Float[Array, "batch seq d_model"], gpt_moe.Stats]:  # fmt: skip
-    """Token ids to the final LayerNorm's output, the input of the tied head, and the blocks' MoE statistics
-    summed over the layers. Each layer's dropout key is `fold_in(key, layer)` (`stack.layer_keys`), so "scan"
-    and "loop" drop the same units.
-
-    `wrap_block` wraps the per-layer function `(layer_params, (x, stats), key) -> (x, stats)` before the
-    blocks run. gpt_parallel.py uses it to gather a fully sharded layer's params inside the scan."""
+    """Token ids to the final LayerNorm's output (the tied head's input) and the MoE statistics summed over layers."""
     idx = jnp.asarray(idx)
     check_inputs(params, idx, config, axis_name=axis_name)
     dropout_on = key is not None and config.dropout > 0
-    keys = prandom.named_keys(key, "embd", "blocks") if dropout_on else {"embd": None}
+    keys = prandom.named_keys(key, "embd", "blocks") if dropout_on else {"embd": None, "blocks": None}
     positions = jnp.arange(idx.shape[1])
     x = embedding.apply(params["wte"], idx, axis_name=axis_name) + embedding.apply(params["wpe"], positions)
     x = dropout.apply(x, rate=config.dropout, key=keys["embd"])
@@ -187,17 +181,24 @@ def hidden_with_stats(
         x, stats = block_with_stats(p, carry[0], config, key=key, axis_name=axis_name, moe_axes=moe_axes)
         return x, jax.tree.map(jnp.add, carry[1], stats)
 
-    layer = layer if wrap_block is None else wrap_block(layer)
-    mode = stack.resolve(config.layers, config.n_layer, remat=config.remat != "none")  # "auto": loop if shallow
-    layer = remat_lib.wrap(layer, config.remat, prevent_cse=mode == "loop")  # inside the scan: no CSE
-    run, blocks = functools.partial(stack.apply, mode), params["blocks"]
     carry = (x, gpt_moe.no_stats(config))
-    if dropout_on:
-        layer_keys = stack.layer_keys(keys["blocks"], config.n_layer)
-        (x, stats), _ = run(lambda p, c, k: (layer(p, c, k), None), blocks, carry, xs=layer_keys)
-    else:
-        x, stats = run(lambda p, c: layer(p, c, None), blocks, carry)
+    x, stats = run_blocks(layer, params["blocks"], carry, config, key=keys["blocks"], wrap_block=wrap_block)
     return layer_norm.apply(params["ln_f"], x), stats
+
+
+def run_blocks(
+    layer: Callable, blocks: Params, carry: Any, config: GPTConfig, *, key: PRNGKeyArray | None,
+    wrap_block: Callable | None = None,
+) -> Any:  # fmt: skip
+    """`layer(layer_params, carry, key) -> carry` over the stacked blocks, wrapped by `wrap_block` (gpt_parallel's
+    FSDP gather, under jax.checkpoint) and `config.remat`, as a scan or a loop (`config.layers`; "auto" scans wrapped
+    blocks as rematerialised ones). Layer i's key is `fold_in(key, i)`, so scan and loop drop the same units."""
+    mode = stack.resolve(config.layers, config.n_layer, remat=config.remat != "none" or wrap_block is not None)
+    layer = remat_lib.wrap(wrap_block(layer) if wrap_block else layer, config.remat, prevent_cse=mode == "loop")
+    if key is None:
+        return stack.apply(mode, lambda p, c: layer(p, c, None), blocks, carry)
+    xs = stack.layer_keys(key, config.n_layer)
+    return stack.apply(mode, lambda p, c, k: (layer(p, c, k), None), blocks, carry, xs=xs)[0]
 
 
 def apply(

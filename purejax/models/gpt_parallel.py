@@ -246,17 +246,7 @@ def _sequence_hidden(
     def layer(p, x, key):
         return _sequence_block(p, x, config, key, axis)
 
-    layer = layer if wrap_block is None else wrap_block(layer)
-    layer = remat_lib.wrap(layer, config.remat, prevent_cse=config.layers == "loop")  # inside the scan: no CSE
-    if config.layers == "scan":
-        run, blocks = stack.scan, params["blocks"]
-    else:
-        run, blocks = stack.loop, stack.unstack(params["blocks"])
-    if keys is None:
-        x = run(lambda p, x: layer(p, x, None), blocks, x)
-    else:
-        layer_keys = stack.layer_keys(keys["blocks"], config.n_layer)
-        x, _ = run(lambda p, x, k: (layer(p, x, k), None), blocks, x, xs=layer_keys)
+    x = gpt.run_blocks(layer, params["blocks"], x, config, key=keys and keys["blocks"], wrap_block=wrap_block)
     return sequence.gather(layer_norm.apply(params["ln_f"], x), axis)
 
 

@@ -46,8 +46,9 @@ class TrainConfig(RunSettings):
     bias: bool = setting(False, "biases in the linear layers and LayerNorms (GPT-2: true)")
     gelu: Literal["exact", "tanh"] = setting("exact", "GELU: exact (erf, nanoGPT) or tanh (GPT-2's approximation)")
     layers: Literal["auto", "scan", "loop"] = setting(
-        "scan",
-        "blocks as one lax.scan (compiles once), a Python loop, or auto: loop if shallow (stack.AUTO_LOOP_DEPTH)",
+        "auto",
+        "auto: a Python loop up to stack.AUTO_LOOP_DEPTH blocks without remat or fsdp (a faster step), else one "
+        "lax.scan (compiles once); or always scan, or always loop",
     )
     remat: str = setting("none", "recompute activations in the backward pass: 'none', 'block' or a "
                          "jax.checkpoint_policies name (purejax/nn/remat.py)", check=remat_lib.check)  # fmt: skip

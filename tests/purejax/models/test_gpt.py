@@ -18,8 +18,10 @@ import pytest
 from purejax import tree as tree_lib
 from purejax.models import gpt
 from purejax.precision import Policy, with_policy
+from purejax.train.gpt_config import TrainConfig
+from tests.purejax.nn.test_stack import _has_scan
 
-CONFIG = gpt.GPTConfig(block_size=8, vocab_size=37, n_layer=2, n_head=4, n_embd=32)
+CONFIG = gpt.GPTConfig(block_size=8, vocab_size=37, n_layer=2, n_head=4, n_embd=32, layers="scan")  # not "auto"
 LOOP = dataclasses.replace(CONFIG, layers="loop")
 B = 2
 
@@ -139,6 +141,17 @@ def test_scan_and_loop_agree_in_values_and_gradients_with_dropout():
     v_loop, g_loop = value_and_grad(params, BATCH, dataclasses.replace(DROPOUT, layers="loop"), key=key)
     np.testing.assert_allclose(v_scan, v_loop, rtol=1e-6)
     chex.assert_trees_all_close(g_scan, g_loop, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("n_layer", "remat", "scans"), [(4, "none", False), (12, "none", True), (4, "block", True)])
+def test_the_default_layers_auto_loops_shallow_stacks_and_scans_deep_or_rematerialised_ones(n_layer, remat, scans):
+    """GPTConfig() and the training program's TrainConfig() default to layers="auto" (`stack.resolve`): 4 layers
+    unrolled (no scan in the program), 12 layers, or 4 rematerialised, under a scan. Traced, never compiled."""
+    small = dict(block_size=8, n_head=2, n_embd=16, n_layer=n_layer, remat=remat)
+    idx = jnp.zeros((2, 8), jnp.int32)
+    for config in (gpt.GPTConfig(vocab_size=16, **small), TrainConfig(**small).model_config(vocab_size=16)):
+        params = jax.eval_shape(partial(gpt.init, config=config), jax.random.key(0))
+        assert _has_scan(lambda p, c=config: gpt.loss(p, (idx, idx), c), params) == scans, config
 
 
 def test_dropout_is_on_only_with_a_key_and_is_reproducible():

@@ -2,14 +2,18 @@
 are named. The model on a mesh (8 simulated devices) is tested in tests/purejax/parallel."""
 
 import dataclasses
+import functools
 
+import jax
+import jax.numpy as jnp
 import pytest
 from jax.sharding import PartitionSpec as P
 
 from purejax import tree as tree_lib
-from purejax.models import gpt_parallel
+from purejax.models import gpt, gpt_parallel
 from purejax.parallel import MeshAxes
 from tests.purejax.models.test_gpt import CONFIG, make_params
+from tests.purejax.nn.test_stack import _has_scan
 
 
 def test_param_specs_cover_every_param_megatron_style():
@@ -32,3 +36,24 @@ def test_param_specs_name_what_tensor_parallelism_cannot_split():
         gpt_parallel.param_specs(CONFIG, axes, {"model": 8})
     with pytest.raises(ValueError, match="vocab_size=37 cannot be split over the 2 devices .* pads it up"):
         gpt_parallel.param_specs(CONFIG, axes, {"model": 2})
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "sp"])
+@pytest.mark.parametrize(
+    ("remat", "fsdp", "scans"), [("none", False, False), ("block", False, True), ("none", True, True)]
+)
+def test_layers_auto_on_a_mesh_scans_rematerialised_blocks(sp, remat, fsdp, scans):
+    """`layers="auto"` on a mesh decides as on one device (`gpt.run_blocks`, which the sequence-parallel path
+    shares): 2 layers unrolled, but a scan when the blocks are rematerialised, by `remat` or by FSDP's gather
+    under jax.checkpoint (unrolled, XLA:CPU keeps every layer's gathered params: 21 against 5 MB of scratch for
+    a 4-layer, 256-wide GPT on 8 devices, dp=8). Traced on an abstract 2 x 4 mesh: no devices, nothing compiled."""
+    config = dataclasses.replace(CONFIG, vocab_size=40, layers="auto", remat=remat)
+    mesh = jax.sharding.AbstractMesh((2, 4), ("data", "model"))
+    axes = MeshAxes("data", "model", fsdp=fsdp, sequence_parallel=sp)
+    specs = gpt_parallel.param_specs(config, axes, dict(mesh.shape))
+    params = jax.eval_shape(functools.partial(gpt.init, config=config), jax.random.key(0))
+    idx = jax.ShapeDtypeStruct((4, config.block_size), jnp.int32)
+    loss = jax.shard_map(
+        lambda p, b: gpt_parallel.loss(p, b, config, axes=axes), mesh=mesh, in_specs=(specs, P("data")), out_specs=P()
+    )
+    assert _has_scan(loss, params, (idx, idx)) == scans

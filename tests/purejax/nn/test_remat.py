@@ -12,7 +12,9 @@ import pytest
 from purejax.models import dit, gpt
 from purejax.nn import remat
 
-GPT = gpt.GPTConfig(block_size=16, vocab_size=40, n_layer=3, n_head=2, n_embd=32, dropout=0.1, bias=False)
+GPT = gpt.GPTConfig(
+    block_size=16, vocab_size=40, n_layer=3, n_head=2, n_embd=32, dropout=0.1, bias=False, layers="scan"
+)
 DIT = dit.DiTConfig(input_size=8, patch_size=2, in_channels=1, d_model=32, n_layer=2, n_head=2, n_classes=3,
                     learn_sigma=False)  # fmt: skip
 
@@ -59,7 +61,7 @@ def temp_bytes(config: gpt.GPTConfig) -> int:
 
 
 def test_block_remat_needs_less_memory_for_the_backward_pass():
-    config = gpt.GPTConfig(block_size=32, vocab_size=32, n_layer=2, n_head=2, n_embd=32, bias=False)
+    config = gpt.GPTConfig(block_size=32, vocab_size=32, n_layer=2, n_head=2, n_embd=32, bias=False, layers="scan")
     without = temp_bytes(config)
     block = temp_bytes(dataclasses.replace(config, remat="block"))
     assert block < 0.7 * without, (block, without)
