@@ -69,7 +69,8 @@ def demo(args: list[str]) -> int:
 
 def test_workers(args: list[str]) -> list[str]:
     """pytest-xdist's options for the suite: one worker per core (at most 4), each test file whole on one
-    worker (`loadfile`: a file's module fixtures, such as the 8-device child runs, are made once). Most of the
+    worker (`loadfile`: a file's module fixtures, such as the 8-device child runs, are made once; the docs
+    pages, which share nothing, a unit each, and the slowest files first: tests/conftest.py). Most of the
     suite's time is XLA compiling on one thread, so two cores halve it. None when `args` choose for themselves
     (`-n 0` runs in this process, for a debugger)."""
     if any(a == "-n" or a.startswith(("-n", "--numprocesses", "--dist")) for a in args):

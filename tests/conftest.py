@@ -23,19 +23,24 @@ from jaxtyping import install_import_hook  # noqa: E402
 
 install_import_hook(["purejax"], "beartype.beartype(conf=beartype.BeartypeConf(is_pep484_tower=True))")
 
-# The slowest files (whole training runs, 8-device child processes, every docs page) start first, so that the
-# pytest-xdist workers (`dev.py test`, a file per worker at a time) share them instead of one worker finishing
-# the last of them alone. Every other file keeps its place.
+# How `dev.py test` shares the suite between its pytest-xdist workers (`--dist loadfile`, made here by
+# `pytest_xdist_make_scheduler`): each test file is one unit of work, run whole on one worker, so a file's
+# module fixtures (the 8-device child processes) are made once; the docs pages are a unit each (every page is
+# its own test and shares nothing with the others), so they spread over the workers. Units start in the order
+# below: the slowest files (whole training runs, 8-device children) first, so the workers share them instead of
+# one finishing the last of them alone, then the docs pages, then every other file in its place. xdist would
+# otherwise sort the units by their number of tests.
 RUN_FIRST = (
-    "tests/test_docs.py",
+    "tests/purejax/parallel/test_pipeline.py",
     "tests/purejax/train/test_gpt.py",
     "tests/purejax/train/test_pipeline_train.py",
     "tests/purejax/train/test_parallel.py",
-    "tests/purejax/parallel/test_pipeline.py",
     "tests/purejax/models/test_gpt_sequence_parallel.py",
     "tests/purejax/parallel/test_experts.py",
     "tests/bench/test_bench_parallel.py",
+    "tests/test_docs.py",
 )
+TEST_PER_UNIT = ("tests/test_docs.py::",)  # nodeid prefixes whose tests are units of their own
 
 
 def pytest_collection_modifyitems(config, items):
@@ -46,3 +51,17 @@ def pytest_collection_modifyitems(config, items):
         return RUN_FIRST.index(path) if path in RUN_FIRST else len(RUN_FIRST)
 
     items.sort(key=rank)  # stable: a file's tests stay together and in order
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """loadfile, with the docs pages split into a unit each and the units in collection order (see above)."""
+    if config.getvalue("dist") != "loadfile":
+        return None  # xdist's own scheduler for any other --dist
+    from xdist.scheduler import LoadFileScheduling
+
+    class FilesAndPages(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return nodeid if nodeid.startswith(TEST_PER_UNIT) else super()._split_scope(nodeid)
+
+    config.option.loadscopereorder = False
+    return FilesAndPages(config, log)

@@ -168,7 +168,6 @@ def main(out: str, only: list[str]) -> None:
     cases["gpt-dp8-ep"] = functools.partial(gpt_training, 8, 1, True)
     cases["gpt-dp4-tp2-ep"] = functools.partial(gpt_training, 4, 2, True)
     cases["gpt-dp8"] = functools.partial(gpt_training, 8, 1, False)  # experts replicated: data parallelism
-    cases["gpt-dp8-fsdp-ep"] = functools.partial(gpt_training, 8, 1, True, True)
     cases["gpt-dp4-tp2-fsdp-ep"] = functools.partial(gpt_training, 4, 2, True, True)
     cases["errors"] = errors
     results = {name: case() for name, case in cases.items() if not only or name in only}
