@@ -1,4 +1,4 @@
-"""Decoding speed of `purejax.models.gpt_decode.generate` against the memory floor, against the decoding step it
+"""Decoding speed of `purejax.models.gpt_decode.generate` against its roofline, against the decoding step it
 replaced, and (with --recompute) against nanoGPT's way, which runs the whole context for every new token.
 
     python -m bench.gpt_generate [--block 256] [--prompt 16] [--batches 1 8] [--repeats 7] [--recompute]
@@ -10,10 +10,15 @@ size, with random weights. From a short prompt, generation runs greedily to the 
 prefill, the dispatch and the last draw cancel. Both calls are timed interleaved (bench/timing.py) with the
 same for the step this one replaced, so machine noise hits all alike; medians are reported.
 
-**The floor.** A cached step multiplies one token per row by every weight and reads the whole cache (every
-layer's keys and values for block positions: the attention reads all slots, masking the unwritten ones), and
-does little arithmetic per byte. So it takes at least (param bytes + cache bytes) / read bandwidth, the
-bandwidth measured here by bench/membw.py (XLA's sum of a 512 MiB array, best of several).
+**The floors.** A cached step multiplies one token per row by every weight and reads the whole cache (every
+layer's keys and values for block positions: the attention reads all slots, masking the unwritten ones). So
+it takes at least (param bytes + cache bytes) / read bandwidth, the memory floor ("floor"; the bandwidth
+measured here by bench/membw.py, the best of its reads of a 512 MiB array), and at least its FLOPs / the
+matmul rate, the compute floor (`step_flops`: 2 x batch x the weights, plus the attention over every slot,
+checked against XLA's cost analysis of the compiled step; the rate: the best of three 1024^3 float32 matmuls,
+`purejax.train.run.measure_matmul_flops`). The roofline is the larger; "x roof" is the step over it. At
+batch 1 a step does 2 FLOPs per 4-byte weight and the memory floor rules; the FLOPs grow with the batch and
+the weight bytes do not.
 
 **Before** is the step of the previous gpt_decode, rebuilt here from the same pieces (`old_generate`): one
 stacked cache (n_layer, batch, block, heads, head_dim) threaded through a `lax.scan` over the layers, which
@@ -21,6 +26,7 @@ slices every layer's params and cache out of the stacks and stacks the updated c
 """
 
 import argparse
+import os
 import statistics
 import time
 from functools import partial
@@ -32,7 +38,8 @@ import numpy as np
 from bench import membw, timing
 from purejax import tree as tree_lib
 from purejax.models import gpt, gpt_decode
-from purejax.nn import attention_cache, embedding, layer_norm, mlp, stack
+from purejax.nn import attention, embedding, layer_norm, linear, mlp, stack
+from purejax.train import run
 
 BUCKET = 32
 
@@ -40,8 +47,9 @@ BUCKET = 32
 @partial(jax.jit, static_argnames=("config", "max_new_tokens"))
 def old_generate(params, prompt, config, max_new_tokens):
     """The previous gpt_decode.generate, greedy, within the block: a stacked cache scanned over the layers."""
-    one = attention_cache.init_cache(config.attention, prompt.shape[0], config.block_size, params["wte"]["w"].dtype)
-    cache = jax.tree.map(lambda a: jnp.broadcast_to(a, (config.n_layer, *a.shape)), one)
+    batch, (n_kv_head, head_dim) = prompt.shape[0], (config.attention.n_kv_head, config.attention.head_dim)
+    shape = (config.n_layer, batch, config.block_size, n_kv_head, head_dim)
+    cache = {"k": jnp.zeros(shape), "v": jnp.zeros(shape), "index": jnp.zeros((config.n_layer,), jnp.int32)}
 
     def hidden(cache, idx):
         x = embedding.apply(params["wte"], idx) + embedding.apply(
@@ -49,9 +57,7 @@ def old_generate(params, prompt, config, max_new_tokens):
         )
 
         def layer(p, x, layer_cache):
-            a, layer_cache = attention_cache.decode(
-                p["attn"], layer_norm.apply(p["ln_1"], x), layer_cache, config.attention
-            )
+            a, layer_cache = _old_decode(p["attn"], layer_norm.apply(p["ln_1"], x), layer_cache, config.attention)
             x = x + a
             return x + mlp.apply(p["mlp"], layer_norm.apply(p["ln_2"], x), activation=config.activation), layer_cache
 
@@ -65,6 +71,20 @@ def old_generate(params, prompt, config, max_new_tokens):
 
     _, new = jax.lax.scan(step, hidden(cache, prompt), None, length=max_new_tokens)
     return jnp.concatenate([prompt, new.T], axis=1)
+
+
+def _old_decode(params, x, cache, config):
+    """The previous attention_cache.decode: keys and values (batch, max_len, n_kv_head, head_dim), which the
+    attention's products transpose at every step, and one index for all rows."""
+    q, k, v = attention.qkv_heads(params, x, config)
+    batch, seq, n_head, _ = q.shape
+    start = (0, cache["index"], 0, 0)
+    k, v = (jax.lax.dynamic_update_slice(cache[name], new, start) for name, new in (("k", k), ("v", v)))
+    q_pos, kv_pos = cache["index"] + jnp.arange(seq), jnp.arange(k.shape[1])
+    written = kv_pos < cache["index"] + seq
+    allowed = attention.combine_masks(None, config, n_head, q_pos, kv_pos, batch=batch, written=written)
+    out = attention.attend(q, k, v, allowed, config)
+    return linear.apply(params["proj"], out.reshape(batch, seq, -1)), {"k": k, "v": v, "index": cache["index"] + seq}
 
 
 def recompute_generate(params, prompt, config, max_new_tokens):
@@ -89,11 +109,29 @@ def _last_argmax(params, padded, last, config):
 
 def step_bytes(params, config, batch) -> tuple[int, int]:
     """(param bytes, cache bytes) a cached step reads: every parameter, and every layer's keys and values for
-    block_size positions."""
-    param_bytes = sum(a.nbytes for a in tree_lib.flatten(params).values())
+    block_size positions. `params` may be shapes (`jax.eval_shape`)."""
+    param_bytes = sum(a.size * a.dtype.itemsize for a in tree_lib.flatten(params).values())
     cache = jax.eval_shape(lambda: gpt_decode.init_cache(config, batch))
     cache_bytes = sum(a.size * a.dtype.itemsize for a in cache["k"] + cache["v"])
     return param_bytes, cache_bytes
+
+
+def step_flops(params, config, batch) -> tuple[int, int]:
+    """(weight FLOPs, attention FLOPs) of a cached step of one token per row, counting the matrix products
+    (2 per multiply-add; what they leave out, the norms, softmax and GELU, is about 3% more): each row's token
+    times every weight matrix (the blocks' `w`s and the tied head, `wte`; `wpe` is a lookup), and each layer's
+    query against every key and its probabilities against every value, over all block_size slots, masked
+    ones included, as the step computes them. A dense GPT (a mixture of experts runs fewer weights)."""
+    weights = sum(a.size for path, a in tree_lib.flatten(params).items() if path.endswith(".w") and path != "wpe.w")
+    attention = 2 * 2 * config.n_layer * config.n_head * config.attention.head_dim * config.block_size
+    return 2 * batch * weights, batch * attention
+
+
+def xla_flops(params, config, batch) -> float:
+    """FLOPs of the compiled `decode_step` (one token per row), as XLA's cost analysis counts them: the check
+    on `step_flops`."""
+    cache, idx = gpt_decode.init_cache(config, batch), jnp.zeros((batch, 1), jnp.int32)
+    return tree_lib.flops(lambda p, c, i: gpt_decode.decode_step(p, c, i, config), params, cache, idx)
 
 
 def measure(params, config, batch, prompt_len, repeats):
@@ -133,6 +171,16 @@ def compare_recompute(params, config, prompt_len, repeats):
     return statistics.median(times["cached"]), statistics.median(times["recompute"]), agree
 
 
+def machine_rates() -> tuple[float, float]:
+    """(read bandwidth in bytes/s, matmul rate in FLOP/s), printed: the best of bench/membw.py's reads and of
+    three float32 matmul rates (`purejax.train.run.measure_matmul_flops`, 1024^3 under jit)."""
+    bandwidth = membw.bandwidths()
+    rates = [run.measure_matmul_flops() for _ in range(3)]
+    print("memory bandwidth: " + ", ".join(f"{k} {v:.1f} GB/s" for k, v in bandwidth.items()))
+    print("float32 matmul rate (1024^3): " + ", ".join(f"{r / 1e9:.0f}" for r in rates) + " GFLOP/s")
+    return max(bandwidth["xla read"], bandwidth["numpy read"]) * 1e9, max(rates)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--block", type=int, default=256)
@@ -144,18 +192,25 @@ def main(argv=None):
 
     config = gpt.GPTConfig(block_size=args.block, vocab_size=65, n_layer=6, n_head=6, n_embd=384)
     params = jax.jit(gpt.init, static_argnames="config")(jax.random.key(0), config)
-    bandwidth = membw.bandwidths()
-    read = max(bandwidth["xla read"], bandwidth["numpy read"]) * 1e9
-    print(f"jax {jax.__version__}, backend {jax.default_backend()}, {config}")
-    print("memory bandwidth: " + ", ".join(f"{k} {v:.1f} GB/s" for k, v in bandwidth.items()))
+    print(f"jax {jax.__version__}, backend {jax.default_backend()}, load average {os.getloadavg()[0]:.1f}, {config}")
+    read, rate = machine_rates()
     print(f"prompt {args.prompt}, {args.block - args.prompt} new tokens, greedy; per-step medians of {args.repeats}")
-    print(f"{'batch':>5s} {'MB read':>8s} {'floor ms':>9s} {'step ms':>8s} {'x floor':>8s} {'tokens/s':>9s} "
-          f"{'before ms':>10s} {'x floor':>8s} {'tokens/s':>9s} {'same':>5s}")  # fmt: skip
+    print(f"{'batch':>5s} {'MB read':>8s} {'floor ms':>9s} {'MFLOP':>6s} {'compute ms':>11s} {'step ms':>8s} "
+          f"{'x floor':>8s} {'x roof':>7s} {'tokens/s':>9s} {'before ms':>10s} {'x floor':>8s} {'tokens/s':>9s} "
+          f"{'same':>5s}")  # fmt: skip
     for batch in args.batches:
-        floor = sum(step_bytes(params, config, batch)) / read
+        nbytes, flops = sum(step_bytes(params, config, batch)), sum(step_flops(params, config, batch))
+        floor, compute = nbytes / read, flops / rate
         new, old, same = measure(params, config, batch, args.prompt, args.repeats)
-        row = f"{batch:5d} {floor * read / 1e6:8.1f} {floor * 1e3:9.2f} {new * 1e3:8.2f} {new / floor:8.2f} "
-        print(row + f"{batch / new:9.0f} {old * 1e3:10.2f} {old / floor:8.2f} {batch / old:9.0f} {str(same):>5s}")
+        row = f"{batch:5d} {nbytes / 1e6:8.1f} {floor * 1e3:9.2f} {flops / 1e6:6.0f} {compute * 1e3:11.2f} "
+        row += f"{new * 1e3:8.2f} {new / floor:8.2f} {new / max(floor, compute):7.2f} {batch / new:9.0f} "
+        print(row + f"{old * 1e3:10.2f} {old / floor:8.2f} {batch / old:9.0f} {str(same):>5s}")
+    for batch in args.batches:
+        weights, attention = step_flops(params, config, batch)
+        print(
+            f"batch {batch}: {(weights + attention) / 1e6:.1f} MFLOP per step ({weights / 1e6:.1f} weights, "
+            f"{attention / 1e6:.1f} attention), XLA's cost analysis {xla_flops(params, config, batch) / 1e6:.1f}"
+        )
     if args.recompute:
         cached, recompute, agree = compare_recompute(params, config, args.prompt, min(args.repeats, 3))
         n = args.block - args.prompt
