@@ -439,22 +439,28 @@ def time_dots(dots, repeats: int) -> list[tuple[float, float]]:
 def torch_profile(setup: Setup, steps: int = 3) -> dict[str, float]:
     """Milliseconds per step of PyTorch's eager step (bench/gpt_train.py's torch peer) in its matmul kernels
     (aten::mm, bmm, addmm), its attention kernel, and in total (the step's wall time under the profiler)."""
+    events, wall = torch_profile_events(setup.build(gpt_train.make_torch), steps)
+    out = collections.Counter()
+    for event in events:
+        if event.key in ("aten::mm", "aten::bmm", "aten::addmm"):
+            out["matmul"] += event.self_cpu_time_total / 1e3 / steps
+        elif "scaled_dot_product" in event.key:  # forward and backward kernels
+            out["attention"] += event.self_cpu_time_total / 1e3 / steps
+    return {**out, "wall": wall}
+
+
+def torch_profile_events(step, steps: int):
+    """(torch.profiler's key_averages over `steps` calls of `step` after one warm-up call, ms per step under the
+    profiler)."""
     import torch
 
-    step = setup.build(gpt_train.make_torch)
     step()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
         for _ in range(steps):
             step()
         wall = (time.perf_counter() - start) / steps
-    out = collections.Counter()
-    for event in prof.key_averages():
-        if event.key in ("aten::mm", "aten::bmm", "aten::addmm"):
-            out["matmul"] += event.self_cpu_time_total / 1e3 / steps
-        elif "scaled_dot_product" in event.key:  # forward and backward kernels
-            out["attention"] += event.self_cpu_time_total / 1e3 / steps
-    return {**out, "wall": wall * 1e3}
+    return prof.key_averages(), wall * 1e3
 
 
 # ---------------------------------------------------------------- the sections
