@@ -36,8 +36,8 @@ from tests.purejax.parallel.hlo import executed_collectives  # noqa: E402
 
 CONFIG = gpt.GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=8, n_embd=32)
 BATCH = 8
-# (dp, tp, fsdp): every mesh shape of the issue, and FSDP alone and with tensor parallelism
-MODES = [(8, 1, False), (8, 1, True), (4, 2, False), (4, 2, True), (2, 4, False), (1, 8, False)]
+# (dp, tp, fsdp): data only, both axes, tensor only, and FSDP alone and with tensor parallelism (2 x 4 runs below)
+MODES = [(8, 1, False), (8, 1, True), (4, 2, False), (4, 2, True), (1, 8, False)]
 
 
 def mode_name(dp: int, tp: int, fsdp: bool) -> str:
@@ -166,8 +166,8 @@ def steps(params) -> dict:
     single = jax.jit(functools.partial(optim.train_step, loss_fn=loss_fn(None), optimizer=optimizer))
     want, want_metrics = single(optim.init_train_state(params, optimizer, jax.random.key(0)), batch)
     out = {}
-    cases = [(8, 1, False, 1), (8, 1, False, 4), (4, 2, False, 1), (4, 2, False, 4), (8, 1, True, 1),
-             (8, 1, True, 4), (4, 2, True, 2), (1, 8, False, 2)]  # fmt: skip
+    cases = [(8, 1, False, 4), (4, 2, False, 4), (8, 1, True, 1), (8, 1, True, 4), (4, 2, True, 2),
+             (1, 8, False, 2)]  # fmt: skip
     for dp, tp, fsdp, k in cases:
         mesh, axes, specs = setup(dp, tp, fsdp)
         state = optim.init_train_state(params, optimizer, jax.random.key(0))

@@ -14,7 +14,7 @@ import pytest
 from tests.children import child_results
 
 HERE = Path(__file__).resolve().parent
-LAYER_CASES = ["layer-k1-cNone", "layer-k2-cNone", "layer-k1-c1.0", "layer-k2-c0.5"]
+LAYER_CASES = ["layer-k2-cNone", "layer-k1-c1.0", "layer-k2-c0.5"]
 GPT_CASES = ["gpt-dp8-ep", "gpt-dp4-tp2-ep", "gpt-dp8", "gpt-dp4-tp2-fsdp-ep"]
 
 
