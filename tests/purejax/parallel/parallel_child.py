@@ -166,8 +166,8 @@ def steps(params) -> dict:
     single = jax.jit(functools.partial(optim.train_step, loss_fn=loss_fn(None), optimizer=optimizer))
     want, want_metrics = single(optim.init_train_state(params, optimizer, jax.random.key(0)), batch)
     out = {}
-    cases = [(8, 1, False, 4), (4, 2, False, 4), (8, 1, True, 1), (8, 1, True, 4), (4, 2, True, 2),
-             (1, 8, False, 2)]  # fmt: skip
+    cases = [(8, 1, False, 1), (8, 1, False, 4), (4, 2, False, 1), (4, 2, False, 4), (8, 1, True, 1),
+             (8, 1, True, 4), (4, 2, True, 2), (1, 8, False, 2)]  # fmt: skip
     for dp, tp, fsdp, k in cases:
         mesh, axes, specs = setup(dp, tp, fsdp)
         state = optim.init_train_state(params, optimizer, jax.random.key(0))

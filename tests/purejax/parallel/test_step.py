@@ -12,7 +12,7 @@ from purejax import optim, parallel
 from purejax.parallel.step import batch_axes
 
 MESHES = ["8x1", "8x1-fsdp", "4x2", "4x2-fsdp", "1x8"]
-STEPS = ["8x1-k4", "4x2-k4", "8x1-fsdp-k1", "8x1-fsdp-k4", "4x2-fsdp-k2", "1x8-k2"]
+STEPS = ["8x1-k1", "8x1-k4", "4x2-k1", "4x2-k4", "8x1-fsdp-k1", "8x1-fsdp-k4", "4x2-fsdp-k2", "1x8-k2"]
 
 
 @pytest.mark.parametrize("mesh", MESHES)
