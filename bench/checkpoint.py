@@ -4,8 +4,9 @@ numpy.savez, with the disk's raw write+fsync and read bandwidth as the ceiling, 
     python -m bench.checkpoint [--repeats 3] [--dir /tmp]
     python -m bench.checkpoint --cases bf16 --methods raw,purejax,purejax-reference   # the two paths, quickly
 
-Two trees: GPT-2 small's parameters (124M, float32) with an AdamW state (optax's, mu and nu), 1.5 GB; and
-the same parameters in bfloat16, 249 MB. Every save is made durable: purejax fsyncs the file and its
+Two trees (bench/checkpoint_trees.py): GPT-2 small's parameters (124M, float32) with an AdamW state (optax's,
+mu and nu), 1.5 GB; and the same parameters in bfloat16, 249 MB. The methods are in bench/checkpoint_methods.py;
+this file measures them and prints the tables. Every save is made durable: purejax fsyncs the file and its
 directory itself; for the others, which do not, the benchmark fsyncs every file they wrote, inside the
 timing. Every load ends with jax arrays on the device (`jax.block_until_ready`). Each file is loaded twice:
 first from the disk (its pages dropped from the page cache with `posix_fadvise(DONTNEED)`), then again from
@@ -22,7 +23,6 @@ Temporary files go under `--dir` and are deleted.
 """
 
 import argparse
-import functools
 import gc
 import json
 import os
@@ -36,200 +36,10 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
 
-from purejax import checkpoint
-from purejax import tree as tree_lib
-
-CASES = {"adamw": "GPT-2 small params + AdamW state, float32", "bf16": "GPT-2 small params, bfloat16"}
-METHODS = ["raw", "purejax", "purejax-params", "safetensors", "numpy", "orbax", "flax"]  # the default run
-# Also measurable (--methods): purejax's reference path, one thread front to back (`threads=False`), the
-# same bytes as its default fast path.
-EXTRA_METHODS = ["purejax-reference"]
-
-# ---------------------------------------------------------------- the trees
-
-
-def gpt2_shapes(d: int = 768, n_layer: int = 12, vocab: int = 50257, n_ctx: int = 1024) -> dict:
-    """GPT-2 small's parameter shapes (124M), in purejax's naming."""
-
-    def linear(d_in, d_out):
-        return {"w": (d_in, d_out), "b": (d_out,)}
-
-    def norm():
-        return {"scale": (d,), "bias": (d,)}
-
-    block = {
-        "ln_1": norm(),
-        "attn": {"qkv": linear(d, 3 * d), "proj": linear(d, d)},
-        "ln_2": norm(),
-        "mlp": {"fc": linear(d, 4 * d), "proj": linear(4 * d, d)},
-    }
-    return {"wte": (vocab, d), "wpe": (n_ctx, d), "blocks": [block] * n_layer, "ln_f": norm()}
-
-
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _random(key, shape, dtype):
-    return jax.random.uniform(key, shape, jnp.float32, -1, 1).astype(dtype)  # fused: no float32 temporary
-
-
-def abstract_tree(case: str):
-    is_shape = lambda s: isinstance(s, tuple) and all(isinstance(d, int) for d in s)  # noqa: E731
-    dtype = jnp.bfloat16 if case == "bf16" else jnp.float32
-    params = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s, dtype), gpt2_shapes(), is_leaf=is_shape)
-    if case == "bf16":
-        return params
-    return {"params": params, "opt_state": jax.eval_shape(optax.adamw(3e-4).init, params)}
-
-
-def make_tree(case: str):
-    """The tree, every leaf random (so nothing compresses), made one leaf at a time without temporaries."""
-    leaves, treedef = jax.tree_util.tree_flatten(abstract_tree(case))
-    key = jax.random.key(0)
-    made = [_random(jax.random.fold_in(key, i), x.shape, x.dtype) for i, x in enumerate(leaves)]
-    return jax.block_until_ready(jax.tree_util.tree_unflatten(treedef, made))
-
-
-# ---------------------------------------------------------------- the methods: save(tree, path), load(path, case)
-
-
-def fsync_all(path: Path) -> None:
-    """Make `path` (a file, or a directory tree) durable, as purejax does for its own file."""
-    directories = [Path(d) for d, _, _ in os.walk(path)] if path.is_dir() else []
-    for p in [*files(path), *directories, path.parent]:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def files(path: Path) -> list[Path]:
-    """`path` if it is a file, else every file under it (orbax writes a directory)."""
-    return [path] if path.is_file() else [Path(d) / f for d, _, names in os.walk(path) for f in names]
-
-
-def drop_from_page_cache(path: Path) -> None:
-    for p in files(path):
-        fd = os.open(p, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
-
-
-def flat(tree) -> dict:
-    return tree_lib.flatten(tree)
-
-
-def save_raw(tree, path, piece: int = 512 * 2**10, hint_every: int = 64 * 2**20):
-    """The tree's bytes, leaf after leaf from the arrays' own memory, in writes of 512 KiB (the write pattern
-    that costs the least CPU here: each write's copy stays within the CPU's cache), with the hint that starts
-    the disk on them every 64 MiB (as purejax does), then fsync: the sequential-write ceiling, everything a
-    checkpoint writer must do except the checksums and the header. (The bytes must be the real,
-    incompressible ones: a buffer of constants writes far faster on a disk that compresses or deduplicates,
-    as this machine's virtual disk appears to.)"""
-    start, offset, hinted = time.perf_counter(), 0, 0
-    with open(path, "wb", buffering=0) as f:
-        for leaf in jax.tree_util.tree_leaves(tree):
-            data = np.asarray(leaf).reshape(-1).view(np.uint8)
-            for begin in range(0, data.nbytes, piece):
-                offset += f.write(data[begin : begin + piece])
-                if offset - hinted >= hint_every:
-                    os.posix_fadvise(f.fileno(), hinted, offset - hinted, os.POSIX_FADV_DONTNEED)
-                    hinted = offset
-        os.fsync(f.fileno())
-    return time.perf_counter() - start
-
-
-def load_raw(path, case):
-    start = time.perf_counter()
-    buffer = np.empty(os.path.getsize(path), np.uint8)  # into new memory, as every loader must
-    with open(path, "rb", buffering=0) as f:
-        f.readinto(buffer)
-    return time.perf_counter() - start
-
-
-def save_purejax(tree, path):
-    checkpoint.save(path, tree)
-
-
-def load_purejax(path, case):
-    return checkpoint.restore(path, like=abstract_tree(case)).tree
-
-
-def load_purejax_params(path, case):
-    return checkpoint.restore(path, like=abstract_tree(case)["params"], subtree="params").tree
-
-
-def save_purejax_reference(tree, path):
-    checkpoint.save(path, tree, threads=False)
-
-
-def load_purejax_reference(path, case):
-    return checkpoint.restore(path, like=abstract_tree(case), threads=False).tree
-
-
-def save_safetensors(tree, path):
-    import safetensors.flax
-
-    safetensors.flax.save_file(flat(tree), path)
-    fsync_all(Path(path))
-
-
-def load_safetensors(path, case):
-    import safetensors.flax
-
-    return safetensors.flax.load_file(path)
-
-
-def save_numpy(tree, path):
-    # npz has no bfloat16 (it would come back as void): store the bits as uint16, as users of npz must.
-    arrays = {k: np.asarray(v) for k, v in flat(tree).items()}
-    arrays = {k: v.view(np.uint16) if v.dtype == jnp.bfloat16 else v for k, v in arrays.items()}
-    with open(path, "wb") as f:
-        np.savez(f, **arrays)
-    fsync_all(Path(path))
-
-
-def load_numpy(path, case):
-    like = flat(abstract_tree(case))
-    with np.load(path) as z:
-        return {k: jax.device_put(z[k].view(like[k].dtype)) for k in z.files}
-
-
-def save_orbax(tree, path):
-    import orbax.checkpoint as ocp
-
-    with ocp.StandardCheckpointer() as checkpointer:
-        checkpointer.save(Path(path).absolute(), flat(tree))
-        checkpointer.wait_until_finished()
-    fsync_all(Path(path))
-
-
-def load_orbax(path, case):
-    import orbax.checkpoint as ocp
-
-    with ocp.StandardCheckpointer() as checkpointer:
-        return checkpointer.restore(Path(path).absolute(), flat(abstract_tree(case)))
-
-
-def save_flax(tree, path):
-    import flax.serialization
-
-    data = flax.serialization.to_bytes(flat(tree))
-    with open(path, "wb") as f:
-        f.write(data)
-    fsync_all(Path(path))
-
-
-def load_flax(path, case):
-    import flax.serialization
-
-    with open(path, "rb") as f:
-        restored = flax.serialization.msgpack_restore(f.read())
-    return jax.device_put(restored)
-
+from bench import checkpoint_methods as methods_lib
+from bench.checkpoint_methods import EXTRA_METHODS, METHODS, drop_from_page_cache, files
+from bench.checkpoint_trees import CASES, abstract_tree, make_tree
 
 # ---------------------------------------------------------------- one measurement, in a child process
 
@@ -240,7 +50,6 @@ def peak_bytes() -> int:
 
 def child(action: str, method: str, case: str, path: str) -> dict:
     """One save (of a freshly made tree) or one load, measured in this process."""
-    name = method.replace("-", "_")
     abstract = abstract_tree(case)["params"] if method == "purejax-params" else abstract_tree(case)
     data = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(abstract))
     if action == "save":
@@ -249,11 +58,11 @@ def child(action: str, method: str, case: str, path: str) -> dict:
         # address-space lock that any mmap (a new thread's stack, say) then waits on: let them finish first.
         time.sleep(1.0)
         before, start = peak_bytes(), time.perf_counter()
-        seconds = globals()[f"save_{name}"](tree, path)
+        seconds = methods_lib.save_function(method)(tree, path)
         seconds = time.perf_counter() - start if seconds is None else seconds
         size = sum(p.stat().st_size for p in files(Path(path)))
         return {"seconds": seconds, "extra": (peak_bytes() - before) / data, "size": size, "data": data}
-    load, times = globals()[f"load_{name}"], []
+    load, times = methods_lib.load_function(method), []
     drop_from_page_cache(Path(path))  # the first load reads from the disk, the second from the page cache
     gc.collect()
     before = peak_bytes()
@@ -293,26 +102,33 @@ def main() -> None:
     print(f"jax {jax.__version__}, {os.cpu_count()} CPUs, files under {args.dir}, best of {args.repeats} rounds")
     methods = args.methods.split(",")
     for case in args.cases.split(","):
-        runs: dict[str, list[tuple[dict, dict]]] = {}
-        order = [m for m in methods if m != "purejax-params"]
-        for round_ in range(args.repeats):  # rounds, so that a slow spell of a shared machine hits every method
-            for method in order[round_ % len(order) :] + order[: round_ % len(order)]:  # each round starts later
-                os.sync()  # nothing left over from the measurement before for the disk to write meanwhile
-                work = Path(tempfile.mkdtemp(prefix="bench-checkpoint-", dir=args.dir))
-                path = str(work / "ckpt")
-                try:
-                    saved = run_child("save", method, case, path)
-                    loaded = saved if "error" in saved else run_child("load", method, case, path)
-                    runs.setdefault(method, []).append((saved, loaded))
-                    report(case, method, saved, loaded)
-                    if method == "purejax" and "purejax-params" in methods and case == "adamw" and "error" not in saved:
-                        partial = run_child("load", "purejax-params", case, path)  # the params of the same file
-                        runs.setdefault("purejax-params", []).append((saved, partial))
-                        report(case, "purejax-params", {}, partial)
-                finally:
-                    shutil.rmtree(work, ignore_errors=True)
+        runs = run_rounds(case, methods, args.repeats, args.dir)
         rows = [(method, *best(results), save_ratio(results, runs.get("raw"))) for method, results in runs.items()]
         print_table(case, rows)
+
+
+def run_rounds(case: str, methods: list[str], repeats: int, directory: str) -> dict[str, list[tuple[dict, dict]]]:
+    """{method: [(save, load) of each round]}: `repeats` rounds, each method once per round, each round starting
+    one method later; "purejax-params" loads the params of the file "purejax" saved in the same round."""
+    runs: dict[str, list[tuple[dict, dict]]] = {}
+    order = [m for m in methods if m != "purejax-params"]
+    for round_ in range(repeats):  # rounds, so that a slow spell of a shared machine hits every method
+        for method in order[round_ % len(order) :] + order[: round_ % len(order)]:  # each round starts later
+            os.sync()  # nothing left over from the measurement before for the disk to write meanwhile
+            work = Path(tempfile.mkdtemp(prefix="bench-checkpoint-", dir=directory))
+            path = str(work / "ckpt")
+            try:
+                saved = run_child("save", method, case, path)
+                loaded = saved if "error" in saved else run_child("load", method, case, path)
+                runs.setdefault(method, []).append((saved, loaded))
+                report(case, method, saved, loaded)
+                if method == "purejax" and "purejax-params" in methods and case == "adamw" and "error" not in saved:
+                    partial = run_child("load", "purejax-params", case, path)  # the params of the same file
+                    runs.setdefault("purejax-params", []).append((saved, partial))
+                    report(case, "purejax-params", {}, partial)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+    return runs
 
 
 def best(results: list[tuple[dict, dict]]) -> tuple[dict, dict]:

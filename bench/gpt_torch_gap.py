@@ -10,7 +10,7 @@ against each other first):
      (bench/timing.py). "torch / purejax" is the fraction of purejax's step time torch needs; 1 minus it is the
      part of purejax's time left to close. purejax's step minus its forward + backward is its clipping and AdamW.
   2. One profile of each per round (`--rounds`, medians over rounds): purejax by kind of XLA:CPU kernel
-     (bench/gpt_anatomy.py's `profile`: busy time per thunk, summed over XLA's threads), torch by op from
+     (bench/gpt_anatomy_profile.py's `profile`: busy time per thunk, summed over XLA's threads), torch by op from
      torch.profiler's key_averages (self CPU time: `torch_kinds`). Both sides are put in the same groups
      (`GROUPS`): matmul kernels, torch's fused attention kernel (purejax's attention is inside its matmul and
      fusion rows), the rest of the kernels (elementwise, layout changes, reductions; torch's AdamW.step is there,
@@ -32,12 +32,15 @@ from functools import partial
 import jax
 import numpy as np
 
-from bench import gpt_anatomy, gpt_train
+from bench import gpt_train
+from bench.gpt_anatomy_hlo import DUMP_FLAGS, KINDS, build_with_hlo
+from bench.gpt_anatomy_profile import profile, torch_profile_events
+from bench.gpt_anatomy_steps import Setup, make_purejax_part, medians, table
 
 CONFIGS = ("tiny", "baby", "small", "small-b16")
 MATMUL_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::linear", "aten::matmul")
 OPTIMIZER_PREFIX = "Optimizer.step#"  # torch.optim's own record_function around each step
-# (group, purejax's kinds from gpt_anatomy.kind_of, torch's kinds from torch_kinds)
+# (group, purejax's kinds from gpt_anatomy_hlo.kind_of, torch's kinds from torch_kinds)
 GROUPS = (
     ("matmul kernels", ("matmul (YNNPACK)", "matmul (Eigen)"), ("matmul",)),
     ("attention kernel", (), ("attention",)),
@@ -73,9 +76,9 @@ def torch_kinds(events, steps: int, wall_ms: float) -> tuple[dict[str, float], c
 
 
 def purejax_kinds(busy: dict[str, float]) -> dict[str, float]:
-    """gpt_anatomy.profile's result with "kernels" (its busy total over gpt_anatomy.KINDS) and "outside"
+    """gpt_anatomy_profile.profile's result with "kernels" (its busy total over gpt_anatomy_hlo.KINDS) and "outside"
     (its profiled wall time minus that; negative when XLA ran kernels on two threads at once)."""
-    kernels = sum(busy.get(k, 0.0) for k in gpt_anatomy.KINDS)
+    kernels = sum(busy.get(k, 0.0) for k in KINDS)
     return {**busy, "kernels": kernels, "outside": busy["wall"] - kernels}
 
 
@@ -111,33 +114,33 @@ def median_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
 
 def run_config(name: str, repeats: int | None, rounds: int) -> None:
     """Build, check, time and profile one config; print its two tables."""
-    setup = gpt_anatomy.Setup.make(name)
-    purejax, hlo = gpt_anatomy.build_with_hlo(setup.build, gpt_train.make_purejax)  # its first call compiled it
+    setup = Setup.make(name)
+    purejax, hlo = build_with_hlo(setup.build, gpt_train.make_purejax)  # its first call compiled it
     torch_step = setup.build(gpt_train.make_torch)
     torch_step()
     # After one identical update (the first calls above): gpt_train.check_agreement's tolerance.
     np.testing.assert_allclose(float(torch_step()), float(purejax()), rtol=1e-4, err_msg=f"{name}: losses differ")
-    fwd_bwd = setup.build(partial(gpt_anatomy.make_purejax_part, part="fwd+bwd"))
-    ms = gpt_anatomy._medians({"purejax": purejax, "torch": torch_step, "purejax fwd+bwd": fwd_bwd}, setup, repeats)
+    fwd_bwd = setup.build(partial(make_purejax_part, part="fwd+bwd"))
+    ms = medians({"purejax": purejax, "torch": torch_step, "purejax fwd+bwd": fwd_bwd}, setup, repeats)
     ratio, left = headline(ms["purejax"], ms["torch"])
     print(f"\n### {name}: purejax's default step against torch eager (ms per step, interleaved medians)")
-    gpt_anatomy._table(("purejax", "torch", "torch / purejax", "left to close", "purejax fwd+bwd",
-                        "purejax step - fwd+bwd (clip + AdamW)"),
-                       [[f"{ms['purejax']:.1f}", f"{ms['torch']:.1f}", f"{ratio:.2f}",
-                         f"{left:.0%}" if left > 0 else "none: purejax is faster",
-                         f"{ms['purejax fwd+bwd']:.1f}", f"{ms['purejax'] - ms['purejax fwd+bwd']:.1f}"]])  # fmt: skip
+    table(("purejax", "torch", "torch / purejax", "left to close", "purejax fwd+bwd",
+           "purejax step - fwd+bwd (clip + AdamW)"),
+          [[f"{ms['purejax']:.1f}", f"{ms['torch']:.1f}", f"{ratio:.2f}",
+            f"{left:.0%}" if left > 0 else "none: purejax is faster",
+            f"{ms['purejax fwd+bwd']:.1f}", f"{ms['purejax'] - ms['purejax fwd+bwd']:.1f}"]])  # fmt: skip
     # Profiles in rounds, each side once per round, medians per kind: a burst of other jobs spoils one round.
     pj_rounds, th_rounds, rests = [], [], []
     for _ in range(rounds):
-        pj_rounds.append(purejax_kinds(gpt_anatomy.profile(purejax, hlo, steps=2)))
-        events, wall = gpt_anatomy.torch_profile_events(torch_step, steps=2)
+        pj_rounds.append(purejax_kinds(profile(purejax, hlo, steps=2)))
+        events, wall = torch_profile_events(torch_step, steps=2)
         kinds, rest = torch_kinds(events, 2, wall)
         th_rounds.append(kinds)
         rests.append(rest)
     th = median_dicts(th_rounds)
     print(f"\n### {name}: where the gap goes (ms per step under the profilers, medians of {rounds} rounds)")
-    gpt_anatomy._table(("kind", "purejax", "torch", "purejax - torch", "share of the gap", "detail"),
-                       gap_rows(median_dicts(pj_rounds), th, rests[len(rests) // 2]))  # fmt: skip
+    table(("kind", "purejax", "torch", "purejax - torch", "share of the gap", "detail"),
+          gap_rows(median_dicts(pj_rounds), th, rests[len(rests) // 2]))  # fmt: skip
 
 
 def main(argv=None):
@@ -154,7 +157,7 @@ def main(argv=None):
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
     if jax.config.jax_platforms not in (None, "", "cpu"):
         parser.error("this comparison is about CPU; run with JAX_PLATFORMS=cpu")
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {gpt_anatomy.DUMP_FLAGS}"  # before the backend
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {DUMP_FLAGS}"  # before the backend
     start = time.perf_counter()
     print(f"{gpt_train.versions()}; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}", flush=True)
     for name in configs:

@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bench import gpt_train
+from bench.gpt_train_recipe import causal_attention, optax_adamw, to_compute, xent
+from bench.gpt_train_weights import raw_weights
 
 
 def forward(idx, config):
@@ -35,7 +36,7 @@ def forward(idx, config):
     heads = lambda a: a.reshape(b, t, n_head, d // n_head)  # noqa: E731
     for i in range(config.n_layer):
         q, k, v = jnp.split(linear(f"h{i}_qkv", 3 * d, layer_norm(f"h{i}_ln_1", x)), 3, axis=-1)
-        x = x + linear(f"h{i}_attn_proj", d, gpt_train.causal_attention(heads(q), heads(k), heads(v)).reshape(b, t, d))
+        x = x + linear(f"h{i}_attn_proj", d, causal_attention(heads(q), heads(k), heads(v)).reshape(b, t, d))
         h = jax.nn.gelu(linear(f"h{i}_fc", 4 * d, layer_norm(f"h{i}_ln_2", x)), approximate=False)
         x = x + linear(f"h{i}_mlp_proj", d, h)
     return layer_norm("ln_f", x) @ wte.embeddings.T.astype(x.dtype)  # the tied head
@@ -44,7 +45,7 @@ def forward(idx, config):
 def haiku_params(weights, config):
     """purejax's weights in the Haiku params' names: {"wte": {"embeddings"}, "h0_qkv": {"w"[, "b"]},
     "h0_ln_1": {"scale"[, "offset"]}, ...}."""
-    r = gpt_train.raw_weights(weights, config, stacked=False)
+    r = raw_weights(weights, config, stacked=False)
     norm = lambda p: {"scale": p["w"]} | ({"offset": p["b"]} if "b" in p else {})  # noqa: E731
     params = {"wte": {"embeddings": r["wte"]}, "wpe": {"embeddings": r["wpe"]}, "ln_f": norm(r["ln_f"])}
     for i, p in enumerate(r["blocks"]):
@@ -54,6 +55,8 @@ def haiku_params(weights, config):
 
 
 def make_haiku(weights, config, x, y, dtype="float32"):
+    """The `haiku` peer's step, built as bench/gpt_train.py's makers are: purejax's weights copied into the
+    transformed model's params (their shapes checked against the model's own), one jitted step returning the loss."""
     import haiku as hk
 
     model = hk.without_apply_rng(hk.transform(partial(forward, config=config)))
@@ -62,11 +65,11 @@ def make_haiku(weights, config, x, y, dtype="float32"):
     expected = jax.tree.map(jnp.shape, jax.eval_shape(model.init, jax.random.key(0), x))
     if jax.tree.map(jnp.shape, params) != expected:  # the copied weights must be exactly the modules' params
         raise ValueError(f"haiku params {jax.tree.map(jnp.shape, params)} are not the model's {expected}")
-    tx = gpt_train.optax_adamw()
+    tx = optax_adamw()
 
     @partial(jax.jit, donate_argnums=(0, 1))
     def train_step(params, opt_state, x, y):
-        loss_fn = lambda p: gpt_train.xent(model.apply(gpt_train.to_compute(p, dtype), x), y)  # noqa: E731
+        loss_fn = lambda p: xent(model.apply(to_compute(p, dtype), x), y)  # noqa: E731
         loss, grads = jax.value_and_grad(loss_fn)(params)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
@@ -79,12 +82,3 @@ def make_haiku(weights, config, x, y, dtype="float32"):
         return loss
 
     return step
-
-
-def version() -> str:
-    """dm-haiku's version, or why it is missing (the bench prints it beside the others')."""
-    try:
-        import haiku as hk
-    except ImportError:
-        return "dm-haiku not installed"
-    return f"dm-haiku {hk.__version__}"

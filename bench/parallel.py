@@ -8,56 +8,11 @@ Runs on 8 simulated CPU devices (XLA_FLAGS=--xla_force_host_platform_device_coun
 imported). For each mode (DP 8x1, TP 1x8, 2D 4x2, FSDP 8x1, 2D+FSDP 4x2, timed; SP 1x8, 2D+SP 4x2, EP 8x1,
 2D+EP 4x2, FSDP+EP 8x1, compiled only) it compiles the full training step
 (`purejax.parallel.sharded_train_step`: forward, backward, global-norm clipping, AdamW) of a GPT and sums
-the elements of each kind of collective one device executes per step (tests/purejax/parallel/hlo.py counts
-them: a collective in the layer scan's body counts once per layer). The "theory" column is the same
-quantity from the model's sizes:
-
-    DP     all-reduce      P + 2                           P params, 2 = the loss's sum and token count
-    TP     all-reduce      4 L A + 2 A + 3 N + 2           A = batch x seq x d_model per device, N = batch x seq:
-                                                           2 per block forward (g), 2 backward (f), the
-                                                           vocab-parallel embedding (forward) and tied head
-                                                           (backward), the cross-entropy's max, sum of exp and
-                                                           label logit, the loss's two sums
-    2D     all-reduce      both, with A and N per data group, and the params' local shards
-    FSDP   all-gather      2 S_blocks + S_top              S: params split over data, gathered whole; blocks
-                                                           twice (forward, recomputed backward)
-           + with TP       + L A                           the recomputed block repeats its attention psum
-           reduce-scatter  S / D                           each device keeps 1/D of the split gradients
-           all-reduce      P - S + 2                       the replicated vectors' gradients
-    SP     all-gather      (4 L + 2) A                     Megatron sequence parallelism (TP over T devices):
-           reduce-scatter  (4 L + 2) A / T                 each of TP's activation all-reduces becomes an
-                                                           all-gather of the whole sequence and a
-                                                           reduce-scatter to this device's slice of it
-           all-reduce      3 N + P_rep + 1 (+ DP's)        the cross-entropy's, the global norm's; P_rep: the
-                                                           params outside the regions (LayerNorms, row-parallel
-                                                           biases, wpe) saw a slice of the tokens: their
-                                                           gradients summed over the model axis
-    EP     all-to-all      4 L E C d                       every MLP a mixture of E experts split over data, C
-                                                           slots each per device (the capacity): the slots to
-                                                           the experts and back, forward and backward; 6 L
-                                                           with FSDP (each block's forward recomputed)
-           all-reduce      DP's (not the experts) + 2 L E + 1    the routing statistics: expert counts and
-                                                           probabilities per layer, the token count once;
-                                                           3 L E with FSDP (the recomputed counts)
-           + with TP       each expert's MLP psums the (E, C, d) slots where the dense MLP psums A
-
-Context parallelism (CP n on a 1 x n ring, DP x CP on a (dp, cp) mesh): the same full training step, the
-batch in zig-zag ring order split over (data, context), `gpt_parallel.loss` under `MeshAxes.context`. With
-t = seq / n tokens and B_d = batch / dp rows per device, d_kv = n_kv_head x head_dim:
-
-    collective-permute  2 L (n-1) ops of 2 B_d t d_kv     ring attention: each layer's forward passes one
-                                                           device's k and v block on n-1 times, and autodiff
-                                                           sends their cotangents back n-1 times (remat off)
-    all-reduce          P + 2                              every gradient summed over data and context, and
-                                                           the loss's sum and count
-
-Pipeline parallelism (PP S, `pipeline.sharded_loss_and_grads`: the loss and the gradients, no optimizer step;
-the blocks split over S stages, the batch into M micro-batches, a schedule of T = 2 (M + S - 1) steps):
-
-    collective-permute  2 T ops of (B / M) seq d_model    every step one activation sent forward and one
-                                                           gradient back (idle steps send zeros: one program)
-    all-reduce          1 op of P_shared + 1               wte, wpe and ln_f's gradients (every stage holds
-                                                           them) and the loss, summed over the stages
+the elements of each kind of collective one device executes per step (bench/parallel_cases.py builds and
+counts them). The "theory" column is the same quantity from the model's sizes: bench/parallel_theory.py's
+docstring gives the formulas, for these modes, for context parallelism (CP n on a 1 x n ring, DP x CP on a
+(dp, cp) mesh: ring attention's collective-permutes) and for pipeline parallelism (PP S,
+`pipeline.sharded_loss_and_grads`: the loss and the gradients, no optimizer step; S stages, M micro-batches).
 
 Memory per device, XLA's compiled memory analysis (`temp_size_in_bytes`, the temporaries: activations kept
 for the backward pass, scores, gradients in flight). CP: the loss and gradients of long sequences, which
@@ -77,22 +32,26 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_p
 
 import argparse
 import dataclasses
-from collections import defaultdict
 from functools import partial
 
 import jax
-import jax.numpy as jnp
-import numpy as np
-from jax.sharding import PartitionSpec as P
 
 from bench.gpt_train import CASES
+from bench.parallel_cases import (
+    collectives,
+    context_memory,
+    context_rows,
+    make_batch,
+    pipeline_rows,
+    sharded_step,
+    single_step,
+    step_rows,
+)
+from bench.parallel_theory import theory
 from bench.timing import interleaved_medians
-from purejax import optim, parallel
+from purejax import optim
 from purejax import tree as tree_lib
-from purejax.models import gpt, gpt_parallel
-from purejax.nn import moe
-from purejax.parallel import context, pipeline, schedules
-from tests.purejax.parallel.hlo import executed_collectives
+from purejax.models import gpt
 
 CONFIG = gpt.GPTConfig(block_size=64, vocab_size=128, n_layer=4, n_head=8, n_embd=128, bias=True)
 BATCH = 16
@@ -114,101 +73,6 @@ EXPERT_MODES = {
 MOE = dataclasses.replace(CONFIG, n_experts=8)
 STEP_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all")
 TABLES = ("modes", "sequence", "context", "pipeline", "memory", "dp2")
-
-
-def collectives(hlo: str, mesh_shape) -> dict[str, tuple[int, int]]:
-    """{kind: (ops executed, elements per device)} of one run of a compiled HLO module, every mesh axis together
-    (`executed_collectives`: an op inside a loop's body counts once per iteration, loops nested or not)."""
-    out = defaultdict(lambda: (0, 0))
-    for (kind, _), counted in executed_collectives(hlo, dict(mesh_shape)).items():
-        out[kind] = (out[kind][0] + counted["ops"], out[kind][1] + counted["elements"])
-    return dict(out)
-
-
-def theory(
-    config: gpt.GPTConfig,
-    specs,
-    dp: int,
-    tp: int,
-    fsdp: bool,
-    *,
-    sp: bool = False,
-    ep: bool = False,
-    batch: int = BATCH,
-) -> dict[str, int]:
-    """The elements per device each collective should move, from the formulas in the module docstring."""
-    shapes = tree_lib.flatten(jax.eval_shape(partial(gpt.init, config=config), jax.random.key(0)))
-    specs = dict(zip(shapes, jax.tree.leaves(specs)))
-    sizes = {parallel.DATA: dp, parallel.MODEL: tp}
-    local = {p: int(np.prod(parallel.local_shape(s.shape, specs[p], sizes))) for p, s in shapes.items()}
-    n_tokens = batch // dp * config.block_size
-    a = n_tokens * config.n_embd
-    slots = 0  # a MoE layer's (E, C, d) slots
-    if config.n_experts:
-        slots = (
-            config.n_embd
-            * config.n_experts
-            * moe.capacity(n_tokens, config.n_experts, config.expert_top_k, config.capacity_factor or None)
-        )
-    # the global norm: one scalar psum per distinct set of axes the gradients are split over
-    out = {"all-reduce": len({tuple(sorted(e for e in s if e)) for s in specs.values()} - {()}),
-           "all-gather": 0, "reduce-scatter": 0, "all-to-all": 0}  # fmt: skip
-    if tp > 1:
-        # per block, forward and backward, attention's psum and the MLP's (on the slots with experts)
-        activations = config.n_layer * (2 * a + 2 * (slots if config.n_experts else a)) + 2 * a
-        out["all-reduce"] += 3 * n_tokens + (0 if sp else activations)
-        if sp:  # each all-reduce now a reduce-scatter and an all-gather; the params outside the regions see
-            # a slice of the sequence: their gradients summed over the model axis
-            out["all-gather"] += activations
-            out["reduce-scatter"] += activations // tp
-            out["all-reduce"] += sum(n for p, n in local.items() if parallel.MODEL not in specs[p])
-    if dp > 1:
-        replicated = sum(n for p, n in local.items() if parallel.DATA not in specs[p])
-        own = {p for p in local if ep and ".experts." in p}  # the device's own experts: never gathered or summed
-        split = {p: n * dp for p, n in local.items() if parallel.DATA in specs[p] and p not in own}  # FSDP
-        out["all-reduce"] += replicated + 2
-        blocks = sum(n for p, n in split.items() if p.startswith("blocks."))
-        out["all-gather"] += 2 * blocks + sum(split.values()) - blocks
-        out["reduce-scatter"] += sum(split.values()) // dp
-        if fsdp and tp > 1:  # the backward pass recomputes each block: its attention all-reduce again
-            out["all-reduce"] += config.n_layer * a
-        if config.n_experts:  # the routing's expert counts and probabilities, and the token count (once); the
-            # block recomputed under FSDP sums the counts again (the load-balancing loss's gradient needs them)
-            out["all-reduce"] += config.n_layer * (3 if fsdp else 2) * config.n_experts + 1
-        if ep:  # the slots to the experts and back, forward and backward (and the recomputed forward's, FSDP)
-            out["all-to-all"] += (6 if fsdp else 4) * config.n_layer * slots
-    return out
-
-
-def make_batch(config: gpt.GPTConfig, batch: int):
-    tokens = np.random.default_rng(0).integers(0, config.vocab_size, (batch, config.block_size + 1))
-    return jnp.asarray(tokens[:, :-1], jnp.int32), jnp.asarray(tokens[:, 1:], jnp.int32)
-
-
-def single_step(config: gpt.GPTConfig, params, optimizer):
-    """The one-device step and its state, built as purejax/train/gpt.py builds it."""
-    step = jax.jit(partial(optim.train_step, optimizer=optimizer, max_grad_norm=1.0,
-                           loss_fn=lambda p, b, k: (gpt.loss(p, b, config, key=k), {})))  # fmt: skip
-    return step, optim.init_train_state(params, optimizer, jax.random.key(1))
-
-
-def sharded_step(
-    config: gpt.GPTConfig, params, optimizer, dp: int, tp: int, fsdp: bool, devices=None, *, cp: int = 1,
-    sp: bool = False, ep: bool = False,
-):  # fmt: skip
-    """The step on a (dp, tp) mesh, or (dp, cp, tp) with the batch's sequences split over the context axis too
-    (in zig-zag ring order: `context.to_ring_order`); `sp`, `ep`: sequence and expert parallelism
-    (`MeshAxes.of`). Returns the step, the placed state, the params' specs and the mesh."""
-    mesh = parallel.make_mesh(dp, tp, devices, cp=cp)
-    axes = parallel.MeshAxes.of(mesh, fsdp=fsdp, sp=sp, ep=ep)
-    specs = gpt_parallel.param_specs(config, axes, mesh.shape)
-    state = optim.init_train_state(params, optimizer, jax.random.key(1))
-    state_specs = parallel.state_specs(state, specs)
-    step = parallel.sharded_train_step(
-        mesh, state_specs, P(axes.data, axes.context), optimizer=optimizer, max_grad_norm=1.0,
-        loss_fn=lambda p, b, k: (gpt_parallel.loss(p, b, config, key=k, axes=axes), {}),
-    )  # fmt: skip
-    return step, parallel.shard(state, state_specs, mesh), specs, mesh
 
 
 def time_steps(steps: list, states: list, batch, repeats: int) -> list[float]:
@@ -236,7 +100,7 @@ def modes_table(repeats: int) -> None:
     for name, (dp, tp, fsdp) in MODES.items():
         step, state, specs, mesh = sharded_step(CONFIG, params, optimizer, dp, tp, fsdp)
         got = collectives(step.lower(state, batch).compile().as_text(), mesh.shape)
-        want = theory(CONFIG, specs, dp, tp, fsdp)
+        want = theory(CONFIG, specs, dp, tp, fsdp, batch=BATCH)
         cells = [
             f"{got.get(k, (0, 0))[0]}, {got.get(k, (0, 0))[1] * 4 / 1024:.1f} ({want[k] * 4 / 1024:.1f})" for k in KINDS
         ]
@@ -258,88 +122,6 @@ def dp2_table(repeats: int) -> None:
         step, state, _, _ = sharded_step(config, params, optimizer, 2, 1, False, jax.devices()[:2])
         dp_s, single_s = time_steps([step, single], [state, single_state], batch, repeats)
         print(f"| {name} | {case.batch} | {single_s * 1e3:.1f} | {dp_s * 1e3:.1f} | {dp_s / single_s:.2f}x |")
-
-
-def step_rows(config: gpt.GPTConfig, batch_size: int, modes: dict) -> list[dict]:
-    """For each {name: (dp, tp, fsdp, sp, ep)} of `modes`: the collectives one device executes in a training
-    step on a (dp, tp) mesh (compiled, not run) and the theory's elements (it leaves the ops to XLA)."""
-    params = gpt.init(jax.random.key(0), config)
-    optimizer = optim.adamw(1e-3, weight_decay=0.1)
-    batch = make_batch(config, batch_size)
-    rows = []
-    for name, (dp, tp, fsdp, sp, ep) in modes.items():
-        step, state, specs, mesh = sharded_step(config, params, optimizer, dp, tp, fsdp, sp=sp, ep=ep)
-        got = collectives(step.lower(state, batch).compile().as_text(), mesh.shape)
-        want = theory(config, specs, dp, tp, fsdp, sp=sp, ep=ep, batch=batch_size)
-        rows.append({"mode": name, "mesh": f"{dp}x{tp}", "got": got, "theory": {k: (None, v) for k, v in want.items()}})
-    return rows
-
-
-def context_theory(config: gpt.GPTConfig, n_params: int, batch: int, dp: int, cp: int) -> dict[str, tuple]:
-    """{kind: (ops or None where XLA decides how many, elements per device)} of a context-parallel training step,
-    from the formulas in the module docstring."""
-    kv_width = config.attention.n_kv_head * (config.n_embd // config.n_head)
-    kv_block = 2 * (batch // dp) * (config.block_size // cp) * kv_width  # one device's k and v
-    permutes = 2 * config.n_layer * (cp - 1)
-    return {"collective-permute": (permutes, permutes * kv_block), "all-reduce": (None, n_params + 2)}
-
-
-def context_rows(config: gpt.GPTConfig, batch_size: int, meshes=CONTEXT_MESHES) -> list[dict]:
-    """For each (dp, cp) of `meshes`: the collectives one device executes in a training step on a (dp, cp)
-    mesh (compiled, not run) and the theory's."""
-    params = gpt.init(jax.random.key(0), config)
-    optimizer = optim.adamw(1e-3, weight_decay=0.1)
-    idx, targets = make_batch(config, batch_size)
-    rows = []
-    for dp, cp in meshes:
-        devices = jax.devices()[: dp * cp]
-        step, state, _, mesh = sharded_step(config, params, optimizer, dp, 1, False, devices, cp=cp)
-        batch = tuple(context.to_ring_order(x, cp, zigzag=True) for x in (idx, targets))
-        got = collectives(step.lower(state, batch).compile().as_text(), mesh.shape)
-        want = context_theory(config, tree_lib.count(params), batch_size, dp, cp)
-        rows.append({"mode": f"CP {cp}" if dp == 1 else "DP x CP", "mesh": f"{dp}x{cp}", "got": got, "theory": want})
-    return rows
-
-
-def pipeline_rows(config: gpt.GPTConfig, batch_size: int, n_micro: int, cases=PIPELINES) -> list[dict]:
-    """For each (stages, schedule) of `cases`: the collectives one device executes in the pipelined loss and
-    gradients with `n_micro` micro-batches and the theory's; XLA's temporaries per device and the part the
-    schedule's buffers should take (2 x slots micro-batch activations, 4 bytes each)."""
-    params = gpt.init(jax.random.key(0), config)
-    batch = make_batch(config, batch_size)
-    shared = tree_lib.count({name: leaf for name, leaf in params.items() if name != "blocks"})
-    activation = batch_size // n_micro * config.block_size * config.n_embd  # one micro-batch, elements
-    rows = []
-    for n_stages, name in cases:
-        mesh = jax.make_mesh((n_stages,), (pipeline.PIPE,), devices=jax.devices()[:n_stages],
-                             axis_types=(jax.sharding.AxisType.Auto,))  # fmt: skip
-        table = schedules.SCHEDULES[name](n_stages, n_micro)
-        placed = parallel.shard(params, pipeline.param_specs(params), mesh)
-        compiled = pipeline.sharded_loss_and_grads(mesh, config, table).lower(placed, batch).compile()
-        steps = 2 * (n_micro + n_stages - 1)
-        rows.append({
-            "mode": f"PP {n_stages} {name}", "mesh": f"{n_stages} stages, M={n_micro}",
-            "got": collectives(compiled.as_text(), mesh.shape),
-            "theory": {"collective-permute": (2 * steps, 2 * steps * activation), "all-reduce": (1, shared + 1)},
-            "temp_bytes": compiled.memory_analysis().temp_size_in_bytes,
-            "buffer_bytes": 2 * schedules.buffer_slots(table) * activation * 4,
-        })  # fmt: skip
-    return rows
-
-
-def context_memory(config: gpt.GPTConfig, batch_size: int, sizes=(1, 2, 4, 8)) -> dict[int, int]:
-    """{cp: XLA's temporaries in bytes per device} of the loss and gradients of `config` on a batch whose
-    sequences are split over a cp-device context axis (cp = 1: one device, gpt.py's own code)."""
-    params = gpt.init(jax.random.key(0), config)
-    batch = make_batch(config, batch_size)
-    out = {}
-    for cp in sizes:
-        mesh = parallel.make_mesh(1, 1, jax.devices()[:cp], cp=cp)
-        axes = parallel.MeshAxes.of(mesh)
-        loss_and_grads = partial(jax.value_and_grad(gpt_parallel.loss), config=config, axes=axes)
-        sharded = jax.shard_map(loss_and_grads, mesh=mesh, in_specs=(P(), P(None, axes.context)), out_specs=P())
-        out[cp] = jax.jit(sharded).lower(params, batch).compile().memory_analysis().temp_size_in_bytes
-    return out
 
 
 def cell(got: tuple[int, int], want: tuple | None) -> str:
@@ -371,7 +153,7 @@ def context_table() -> None:
     print(f"\nContext parallelism: the training step, each sequence split over a ring (zig-zag), batch {BATCH}\n")
     print("| mode | mesh (dp x cp) | collective-permute: ops (theory), KiB/device (theory) | all-reduce | other |")
     print("|---|---|---|---|---|")
-    for row in context_rows(CONFIG, BATCH):
+    for row in context_rows(CONFIG, BATCH, CONTEXT_MESHES):
         print(f"| {row['mode']} | {row['mesh']} | {' | '.join(collective_cells(row))} |")
 
 
@@ -383,7 +165,7 @@ def pipeline_table() -> None:
     print("| mode | pipeline | collective-permute: ops (theory), KiB/device (theory) | all-reduce | other "
           "| temp KiB/device | buffers KiB (2 x slots x micro-batch) |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
-    for row in pipeline_rows(CONFIG, BATCH, MICRO_BATCHES):
+    for row in pipeline_rows(CONFIG, BATCH, MICRO_BATCHES, PIPELINES):
         cells = [*collective_cells(row), f"{row['temp_bytes'] / 1024:.1f}", f"{row['buffer_bytes'] / 1024:.1f}"]
         print(f"| {row['mode']} | {row['mesh']} | {' | '.join(cells)} |")
 

@@ -86,11 +86,14 @@ def check_generate(
     prompt: Integer[ArrayLike, "batch prompt"], lengths: Any, *, max_new_tokens: int, **settings: Any
 ) -> tuple[Array, Array | np.ndarray]:
     """The checks a `generate` makes before compiling: the sampling `settings` (`check_args`), max_new_tokens an
-    int >= 0, a (batch, >= 1) prompt and its `lengths` (`check_lengths`). Returns (prompt as an array, lengths)."""
+    int >= 0, a (batch, >= 1) prompt of integer ids and its `lengths` (`check_lengths`). Returns (prompt as an
+    array, lengths)."""
     check_args(**settings)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
     prompt = jnp.asarray(prompt)
+    if not jnp.issubdtype(prompt.dtype, jnp.integer):  # a float prompt would be cut to ints without a word
+        raise TypeError(f"generate: the prompt must hold integer token ids, got {prompt.dtype}")
     if prompt.ndim != 2 or prompt.shape[1] == 0:
         raise ValueError(f"generate: the prompt is empty or not 2-D (the prompt has shape {tuple(prompt.shape)}); "
                          "give at least one token id per row, shape (batch, >= 1)")  # fmt: skip
@@ -132,7 +135,7 @@ def generate_loop(
     """Generation's loop, under jit: row b of the result is its lengths[b] prompt tokens, then max_new_tokens
     tokens drawn by `sample(fold_in(key, i), logits, **settings)` at step i, then zeros; `width` (static) must
     hold prompt.shape[1] + max_new_tokens. max_new_tokens >= 1 may be traced (a `lax.fori_loop` count), so one
-    compilation serves every count.
+    compilation serves every count; a concrete one is checked against `width` (ValueError).
 
     Arguments:
         prefill: `tokens` (batch, width), the right-padded prompts, -> (the logits (batch, vocab) that follow
@@ -141,6 +144,7 @@ def generate_loop(
             which the loop has just drawn and written into `tokens`.
     """
     (batch, n_prompt), rows = prompt.shape, jnp.arange(prompt.shape[0])
+    _check_loop(n_prompt, width, max_new_tokens)
     tokens = jnp.zeros((batch, width), jnp.int32).at[:, :n_prompt].set(prompt.astype(jnp.int32))
     tokens = jnp.where(jnp.arange(width) < lengths[:, None], tokens, 0)
 
@@ -154,6 +158,20 @@ def generate_loop(
 
     tokens, logits, _ = jax.lax.fori_loop(0, max_new_tokens - 1, step, (tokens, *prefill(tokens)))
     return draw(tokens, logits, max_new_tokens - 1)
+
+
+def _check_loop(n_prompt: int, width: int, max_new_tokens) -> None:
+    """Raise ValueError for a concrete max_new_tokens below 1, or a `width` without room for the prompt and the
+    new tokens (at least one when the count is traced): the loop would write into the last prompt token's
+    column, or nowhere (a scatter drops what falls past the end), without a word."""
+    count = 1  # a traced count: at least one token
+    if _is_concrete(max_new_tokens):
+        if not int(max_new_tokens) >= 1:
+            raise ValueError(f"generate_loop: max_new_tokens must be >= 1, got {max_new_tokens}")
+        count = int(max_new_tokens)
+    if width < n_prompt + count:
+        raise ValueError(f"generate_loop: width={width} cannot hold the prompt's {n_prompt} columns and {count} "
+                         f"new tokens; it must be at least {n_prompt + count}")  # fmt: skip
 
 
 def first_columns(tokens: Int[Array, "batch width"], total: int) -> Int[Array, "batch total"]:

@@ -15,6 +15,8 @@ import pytest
 
 from bench import gpt_train
 from purejax.models import gpt
+from purejax.precision import Policy
+from purejax.train import gpt as train_gpt
 
 
 def test_mfu_is_against_the_accelerator_peak_or_the_best_measured_rate():
@@ -36,7 +38,7 @@ def test_gpt2_case_is_gpt2_small_and_its_step_traces_in_bfloat16():
     params = jax.eval_shape(lambda key: gpt.init(key, config), jax.random.key(0))
     total = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(params))
     assert 123e6 < total < 125e6, total  # no biases: 124.3M with the position embeddings
-    loss_fn = gpt_train.train_gpt.make_loss_fn(config, gpt_train.Policy(jnp.float32, "bfloat16", jnp.float32))
+    loss_fn = train_gpt.make_loss_fn(config, Policy(jnp.float32, "bfloat16", jnp.float32))
     batch = (jax.ShapeDtypeStruct((case.batch, config.block_size), jnp.int32),) * 2
     loss, _ = jax.eval_shape(loss_fn, params, batch, None)
     assert loss.shape == () and loss.dtype == jnp.float32
@@ -61,13 +63,13 @@ def test_purejax_contender_runs_the_default_layers_and_the_others_scan_and_loop(
     """`purejax` leaves GPTConfig.layers at its default (what a user gets), `purejax-scan` and `purejax-loop`
     set it: the config each one hands to make_loss_fn is recorded (the steps are built, not run)."""
     seen = []
-    make_loss_fn = gpt_train.train_gpt.make_loss_fn
+    make_loss_fn = train_gpt.make_loss_fn
 
     def recording(model, policy):
         seen.append(model.layers)
         return make_loss_fn(model, policy)
 
-    monkeypatch.setattr(gpt_train.train_gpt, "make_loss_fn", recording)
+    monkeypatch.setattr(train_gpt, "make_loss_fn", recording)
     case = gpt_train.CASES["tiny"]
     weights, (x, y) = gpt_train.initial_weights(case.model), gpt_train.case_batch(case)
     for peer in ("purejax", "purejax-scan", "purejax-loop"):
@@ -92,7 +94,7 @@ def test_the_perturbed_biases_and_scales_change_the_loss_by_more_than_the_check_
     """Setting the LayerNorm biases, the linear biases or the LayerNorm scales back to their initial 0 or 1 (what
     a peer that dropped them computes) moves purejax's loss by more than 10x the agreement check's 1e-5."""
     weights, x, y, reference = tiny_bias
-    loss_fn = gpt_train.train_gpt.make_loss_fn(TINY_BIAS.model, gpt_train.Policy(jnp.float32, "float32", jnp.float32))
+    loss_fn = train_gpt.make_loss_fn(TINY_BIAS.model, Policy(jnp.float32, "float32", jnp.float32))
     loss = jax.jit(lambda params: loss_fn(params, (x, y), None)[0])
     np.testing.assert_allclose(float(loss(weights)), reference[0], rtol=1e-6)  # the forward alone: the same loss
     for name, value in (("bias", 0.0), ("b", 0.0), ("scale", 1.0)):

@@ -1,7 +1,7 @@
-"""bench/parallel.py's sequence-, expert-, context- and pipeline-parallel rows at a tiny size: the collectives
-counted in the compiled HLO equal the theory's formulas (elements per device, and ops where the theory fixes
-them), nothing else crosses the devices, and the memory per device moves the way the bench's tables say.
-Counts only, no timing.
+"""bench/parallel.py's sequence-, expert-, context- and pipeline-parallel rows (bench/parallel_cases.py) at a
+tiny size: the collectives counted in the compiled HLO equal the theory's formulas (bench/parallel_theory.py;
+elements per device, and ops where the theory fixes them), nothing else crosses the devices, and the memory
+per device moves the way the bench's tables say. Counts only, no timing.
 
 The bench needs 8 simulated CPU devices (XLA_FLAGS must be set before jax is imported; the test process has
 one), so this file runs itself as a child process once per module and the tests judge what it wrote:
@@ -101,7 +101,7 @@ def main(out: str) -> None:
 
     # run-time shape checks, as in the test process (tests/conftest.py)
     install_import_hook(["purejax"], "beartype.beartype(conf=beartype.BeartypeConf(is_pep484_tower=True))")
-    from bench import parallel as bench
+    from bench import parallel_cases as bench
     from purejax.models import gpt
 
     def config(n_layer, n_head, n_embd, block_size, vocab_size):
