@@ -42,8 +42,7 @@ from purejax import losses, parallel
 from purejax import random as prandom
 from purejax.models import gpt, gpt_moe
 from purejax.models.gpt import GPTConfig, Params
-from purejax.nn import attention, embedding, layer_norm, linear, mlp, stack
-from purejax.nn import remat as remat_lib
+from purejax.nn import attention, embedding, layer_norm, linear, mlp
 from purejax.parallel import MODEL, MeshAxes, context, sequence
 from purejax.parallel.experts import EXPERT
 from purejax.parallel.ring_attention import ring_attention
@@ -205,12 +204,12 @@ def _context_hidden(
     positions = context.positions(jax.lax.axis_index(axes.context), n, idx.shape[1], zigzag=True)
     x = embedding.apply(params["wte"], idx, axis_name=axes.model) + embedding.apply(params["wpe"], positions)
 
-    def layer(p, x, key):
+    def layer(p, x, key):  # no dropout under context parallelism (checked above): the key is unused
         return _ring_block(p, x, config, axes)
 
-    layer = layer if wrap_block is None else wrap_block(layer)
-    layer = remat_lib.wrap(layer, config.remat, prevent_cse=False)  # inside the scan: no CSE to prevent
-    return layer_norm.apply(params["ln_f"], stack.scan(lambda p, x: layer(p, x, None), params["blocks"], x))
+    return layer_norm.apply(
+        params["ln_f"], gpt.run_blocks(layer, params["blocks"], x, config, key=None, wrap_block=wrap_block)
+    )
 
 
 def _ring_block(

@@ -7,6 +7,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from purejax import tree as tree_lib
@@ -38,26 +39,36 @@ def test_param_specs_name_what_tensor_parallelism_cannot_split():
         gpt_parallel.param_specs(CONFIG, axes, {"model": 2})
 
 
-@pytest.mark.skipif(
-    tuple(int(part) for part in jax.__version__.split(".")[:2]) >= (0, 12),
-    reason="traces on an abstract mesh, which jax 0.12's shard_map refuses for unsharded inputs (to be rewritten)",
-)
-@pytest.mark.parametrize("sp", [False, True], ids=["tp", "sp"])
+AXES = {  # the second mesh axis ("model") as a tensor, sequence or context axis; the batch's spec with it
+    "tp": (lambda fsdp: MeshAxes("data", "model", fsdp=fsdp), P("data")),
+    "sp": (lambda fsdp: MeshAxes("data", "model", fsdp=fsdp, sequence_parallel=True), P("data")),
+    "cp": (lambda fsdp: MeshAxes("data", context="model", fsdp=fsdp), P("data", "model")),
+}
+
+
+@pytest.mark.parametrize("split", list(AXES))
 @pytest.mark.parametrize(
     ("remat", "fsdp", "scans"), [("none", False, False), ("block", False, True), ("none", True, True)]
 )
-def test_layers_auto_on_a_mesh_scans_rematerialised_blocks(sp, remat, fsdp, scans):
-    """`layers="auto"` on a mesh decides as on one device (`gpt.run_blocks`, which the sequence-parallel path
-    shares): 2 layers unrolled, but a scan when the blocks are rematerialised, by `remat` or by FSDP's gather
-    under jax.checkpoint (unrolled, XLA:CPU keeps every layer's gathered params: 21 against 5 MB of scratch for
-    a 4-layer, 256-wide GPT on 8 devices, dp=8). Traced on an abstract 2 x 4 mesh: no devices, nothing compiled."""
+def test_layers_auto_on_a_mesh_scans_rematerialised_blocks(split, remat, fsdp, scans):
+    """`layers="auto"` on a mesh decides as on one device (`gpt.run_blocks`, which the sequence- and
+    context-parallel paths share): 2 layers unrolled, but a scan when the blocks are rematerialised, by `remat`
+    or by FSDP's gather under jax.checkpoint (unrolled, XLA:CPU keeps every layer's gathered params: 21 against
+    5 MB of scratch for a 4-layer, 256-wide GPT on 8 devices, dp=8). Traced on an abstract 2 x 4 mesh: no
+    devices, nothing compiled; the inputs carry their shardings, as jax 0.12's shard_map requires."""
     config = dataclasses.replace(CONFIG, vocab_size=40, layers="auto", remat=remat)
     mesh = jax.sharding.AbstractMesh((2, 4), ("data", "model"))
-    axes = MeshAxes("data", "model", fsdp=fsdp, sequence_parallel=sp)
+    make_axes, batch_spec = AXES[split]
+    axes = make_axes(fsdp)
     specs = gpt_parallel.param_specs(config, axes, dict(mesh.shape))
-    params = jax.eval_shape(functools.partial(gpt.init, config=config), jax.random.key(0))
-    idx = jax.ShapeDtypeStruct((4, config.block_size), jnp.int32)
+    shapes = jax.eval_shape(functools.partial(gpt.init, config=config), jax.random.key(0))
+
+    def sharded(shape, spec):
+        return jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=NamedSharding(mesh, spec))
+
+    params = jax.tree.map(sharded, shapes, specs)
+    idx = sharded(jax.ShapeDtypeStruct((4, config.block_size), jnp.int32), batch_spec)
     loss = jax.shard_map(
-        lambda p, b: gpt_parallel.loss(p, b, config, axes=axes), mesh=mesh, in_specs=(specs, P("data")), out_specs=P()
+        lambda p, b: gpt_parallel.loss(p, b, config, axes=axes), mesh=mesh, in_specs=(specs, batch_spec), out_specs=P()
     )
     assert _has_scan(loss, params, (idx, idx)) == scans
