@@ -9,6 +9,12 @@ outside the tests do not pay for any of it.
 
 The compilation cache (set through the environment, so the training programs the tests start as
 subprocesses share it) lets a program compiled by one test, or one run of the suite, be reused by the next.
+
+Most of the suite's time is XLA compiling programs that then run for milliseconds, so the suite asks XLA for
+little optimization (`JAX_DISABLE_MOST_OPTIMIZATIONS`, JAX's switch for exactly that: LLVM's expensive passes
+off; the HLO passes that fuse, assign buffers and place collectives still run, so the tests that count
+collectives, copies and bytes see what a training run compiles). On a cold cache it halved the time of the
+GPT-decoding, DiT and remat tests (140 -> 74 s, 2 cores). Set it to 0 to test fully optimized programs.
 """
 
 import os
@@ -18,6 +24,7 @@ CACHE = Path(__file__).resolve().parent.parent / ".pytest_cache" / "jax-compilat
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(CACHE))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 from jaxtyping import install_import_hook  # noqa: E402
 

@@ -1,5 +1,6 @@
 """purejax.nn.layer_norm against float64 numpy: values for random shapes, low-precision inputs (computed in
-float32, returned in the input dtype), gradients, and the errors for bad params, shapes and dtypes.
+float32, returned in the input dtype), gradients, forward-mode and second derivatives of the written-out
+derivative, and the errors for bad params, shapes and dtypes.
 
 This file also holds THE typing test of the issue: under the test suite's jaxtyping + beartype import hook, a
 wrong dtype or rank fails at the call with a TypeCheckError naming the argument, the annotation and the actual
@@ -143,6 +144,51 @@ def test_analytic_reference_gradient_agrees_with_finite_differences():
     )
     np.testing.assert_allclose(dx, numeric_dx, rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(dscale, numeric_dscale, rtol=1e-6, atol=1e-8)
+
+
+def test_forward_mode_derivative_matches_float64_finite_differences():
+    """The written-out derivative (a custom JVP) in forward mode: jax.jvp against central differences of the
+    float64 reference, for tangents of x, scale and bias at once."""
+    rng = np.random.default_rng(7)
+    x, dx = rng.normal(1.0, 2.0, size=(2, 3, 9)), rng.normal(size=(2, 3, 9))
+    params, tangents = random_params(9, seed=7), random_params(9, seed=8)
+    _, got = jax.jvp(layer_norm.apply, (params, jnp.asarray(x, jnp.float32)), (tangents, jnp.asarray(dx, jnp.float32)))
+    h = 1e-6
+    p, t = ({k: np.asarray(v, np.float64) for k, v in d.items()} for d in (params, tangents))
+    plus = reference(x + h * dx, p["scale"] + h * t["scale"], p["bias"] + h * t["bias"])
+    minus = reference(x - h * dx, p["scale"] - h * t["scale"], p["bias"] - h * t["bias"])
+    np.testing.assert_allclose(got, (plus - minus) / (2 * h), rtol=1e-4, atol=1e-4)
+
+
+def test_second_derivative_matches_float64_finite_differences():
+    """The derivative rule is itself differentiable: a Hessian-vector product of sum(dy * layer_norm(x)) in x
+    against central differences of the analytic float64 gradient."""
+    rng = np.random.default_rng(8)
+    x, v, dy = rng.normal(size=(4, 6)), rng.normal(size=(4, 6)), rng.normal(size=(4, 6))
+    params = random_params(6, seed=9)
+
+    def grad_x(x):
+        return jax.grad(lambda x: jnp.sum(layer_norm.apply(params, x) * dy))(x)
+
+    _, hvp = jax.jvp(grad_x, (jnp.asarray(x, jnp.float32),), (jnp.asarray(v, jnp.float32),))
+    h = 1e-5
+    scale = np.asarray(params["scale"], np.float64)
+    want = (reference_grads(x + h * v, scale, dy)[0] - reference_grads(x - h * v, scale, dy)[0]) / (2 * h)
+    np.testing.assert_allclose(hvp, want, rtol=1e-3, atol=1e-4)
+
+
+def test_x_gradient_ends_in_one_product():
+    """Why the derivative is written out (module docstring): x's gradient must come out of one product by the
+    per-row 1 / sqrt(var + eps), not out of a sum with a broadcast term, which XLA:CPU recomputes in every
+    kernel that reads it. Read from the jaxpr of the VJP: the op that produces the gradient."""
+    params = random_params(8)
+
+    def vjp(x, g):
+        return jax.vjp(lambda x: layer_norm.apply(params, x), x)[1](g)[0]
+
+    jaxpr = jax.make_jaxpr(vjp)(jnp.ones((2, 3, 8)), jnp.ones((2, 3, 8))).jaxpr
+    (producer,) = [eqn for eqn in jaxpr.eqns if jaxpr.outvars[0] in eqn.outvars]
+    assert producer.primitive.name == "mul"
 
 
 class LayerNormVariantsTest(chex.TestCase):

@@ -24,8 +24,9 @@ COMMON = [*TINY, "--lr_decay_iters=12", "--warmup_iters=2", "--eval_interval=4",
           "--log_interval=4", "--batch_size=8", "--n_head=4"]  # no dropout: sharded masks differ by design  # fmt: skip
 
 
-def assert_same_state(got, want, what: str) -> None:
-    """Params and AdamW moments equal to float32 rounding (the sharded sums add in another order)."""
+def assert_same_state(got, want, what: str, atol: float = 2e-6) -> None:
+    """Params and AdamW moments equal to float32 rounding (the sharded sums add in another order), within
+    `atol` where a gradient is near zero (Adam scales its rounding up towards a step's size)."""
     assert int(got.step) == int(want.step), what
     for name in ("params", "opt_state"):
         flat_got, flat_want = (
@@ -35,7 +36,7 @@ def assert_same_state(got, want, what: str) -> None:
         assert len(flat_got) == len(flat_want), what
         for (path, g), w in zip(flat_got, flat_want):
             np.testing.assert_allclose(
-                g, w, rtol=2e-4, atol=2e-6, err_msg=f"{what}: {name}{jax.tree_util.keystr(path)}"
+                g, w, rtol=2e-4, atol=atol, err_msg=f"{what}: {name}{jax.tree_util.keystr(path)}"
             )
 
 
