@@ -1,6 +1,6 @@
 """Where the GPT training step of bench/gpt_train.py spends its time on XLA:CPU, measured (issue 5).
 
-    python -m bench.gpt_anatomy [--configs baby,small] [--sections profile,dots,attention,step,flags]
+    python -m bench.gpt_anatomy [--configs baby,small] [--sections profile,dots,attention,step,remat,flags]
 
 Sections (each prints a markdown table; docs/benchmarks.md records them):
     profile    purejax, raw JAX and NNX (split mode) side by side: the step time (interleaved medians), then one
@@ -16,12 +16,15 @@ Sections (each prints a markdown table; docs/benchmarks.md records them):
                step without donation, with the optimizer as one fused tree_map, with the layer scan unrolled,
                and with the matmuls in their former 3-D form (`x @ w` on (batch, seq, d) activations, before
                this investigation moved purejax to purejax/nn/_matmul.py's row form).
+    remat      purejax's step with its blocks scanned or looped, under each rematerialisation choice
+               (purejax/nn/remat.py: `jax.checkpoint` of the whole block, or a `jax.checkpoint_policies` policy),
+               against the default (`layers="auto"`) and the plain scan: step time and XLA's scratch memory.
     flags      the XLA:CPU flags this jaxlib knows (strings of libjax_common.so), and the purejax step timed in
                a subprocess under each promising one (XLA_FLAGS is read once, when the backend starts), with the
                loss after two steps, to see whether a flag changes the numerics.
 
 Timings share the machine with other jobs: each table reports the load average; compare ratios within one
-table, not absolute times across runs. The default run (baby and small, every section) takes about 8 minutes.
+table, not absolute times across runs. The default run (baby and small, every section) takes about 10 minutes.
 """
 
 import argparse
@@ -53,8 +56,10 @@ from bench.gpt_train_nnx import make_nnx
 from bench.gpt_train_purejax import make_purejax
 from bench.gpt_train_raw import make_raw
 
-CONFIGS = ("tiny", "baby", "small")
-SECTIONS = ("profile", "dots", "attention", "step", "flags")
+CONFIGS = tuple(n + bias for n in ("tiny", "baby", "small", "small-b16") for bias in ("", gpt_train.BIAS_SUFFIX))
+SECTIONS = ("profile", "dots", "attention", "step", "remat", "flags")
+# The rematerialisation choices the remat section times on the scanned blocks (purejax/nn/remat.py's names).
+REMATS = ("block", "dots_saveable", "dots_with_no_batch_dims_saveable")
 
 PROFILED = {
     "purejax-3d": make_purejax_3d,
@@ -160,6 +165,21 @@ def section_step(setup: Setup, repeats) -> None:
     table(("what", "ms", "/ purejax's same part"), rows)
 
 
+def section_remat(setup: Setup, repeats) -> None:
+    """The default step, the plain scan, and the scan and the loop with each of REMATS: time, scratch memory
+    (XLA's temporaries, compile only), and the first loss (rematerialisation must not change it)."""
+    steps = {"default (auto)": setup.build(make_purejax), "scan": setup.build(make_purejax, layers="scan")}
+    for layers in ("scan", "loop"):
+        for remat in REMATS:
+            steps[f"{layers}, {remat}"] = setup.build(make_purejax, layers=layers, remat=remat)
+    losses = {name: float(step()) for name, step in steps.items()}
+    scratch = {name: step.scratch_bytes() / 2**20 for name, step in steps.items()}
+    ms = medians(steps, setup, repeats)
+    print(f"\n### {setup.name}: rematerialisation of the blocks, scanned or looped (purejax step)")
+    rows = [[n, f"{ms[n]:.1f}", f"{ms[n] / ms['scan']:.2f}", f"{scratch[n]:.1f}", f"{losses[n]:.7f}"] for n in steps]
+    table(("blocks", "step ms", "/ scan", "scratch MiB", "first loss"), rows)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", default="baby,small", help=f"comma-separated, from {', '.join(CONFIGS)}")
@@ -189,6 +209,8 @@ def main(argv=None):
             section_attention(setup, args.repeats)
         if "step" in sections:
             section_step(setup, args.repeats)
+        if "remat" in sections:
+            section_remat(setup, args.repeats)
     if "flags" in sections:
         section_flags(args.flag_configs.split(","), args.repeats)
     print(f"\ntotal {time.perf_counter() - start:.0f}s, load average at the end {os.getloadavg()[0]:.1f}")

@@ -38,7 +38,9 @@ class Setup:
 
     @classmethod
     def make(cls, name: str) -> "Setup":
-        case = gpt_train.CASES[name]
+        """The setup of a gpt_train case by label: "baby", or "baby-bias" for the same model with biases."""
+        base = name.removesuffix(gpt_train.BIAS_SUFFIX)
+        case = gpt_train.cases([base], "true" if base != name else "false")[name]
         config = case.model
         weights = jax.tree.map(np.asarray, gpt.init(jax.random.key(0), config))
         data = np.random.default_rng(0).integers(0, config.vocab_size, (case.batch, config.block_size + 1), np.int32)

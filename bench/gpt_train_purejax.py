@@ -31,4 +31,9 @@ def make_purejax(weights, config, x, y, layers=None, *, optimizer=None, donate=T
         state, metrics = step_fn(state, batch)
         return metrics["loss"]
 
+    def scratch_bytes() -> int:
+        """XLA's temporary buffers for one step (compile only): what rematerialisation trades time for."""
+        return step_fn.lower(state, batch).compile().memory_analysis().temp_size_in_bytes
+
+    step.scratch_bytes = scratch_bytes
     return step
