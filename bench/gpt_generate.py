@@ -16,7 +16,7 @@ it takes at least (param bytes + cache bytes) / read bandwidth, the memory floor
 measured here by bench/membw.py, the best of its reads of a 512 MiB array), and at least its FLOPs / the
 matmul rate, the compute floor (`step_flops`: 2 x batch x the weights, plus the attention over every slot,
 checked against XLA's cost analysis of the compiled step; the rate: the best of three 1024^3 float32 matmuls,
-`purejax.train.run.measure_matmul_flops`). The roofline is the larger; "x roof" is the step over it. At
+`bench.timing.measure_matmul_flops`). The roofline is the larger; "x roof" is the step over it. At
 batch 1 a step does 2 FLOPs per 4-byte weight and the memory floor rules; the FLOPs grow with the batch and
 the weight bytes do not.
 
@@ -39,7 +39,6 @@ from bench import membw, timing
 from purejax import tree as tree_lib
 from purejax.models import gpt, gpt_decode
 from purejax.nn import attention, embedding, layer_norm, linear, mlp, stack
-from purejax.train import run
 
 BUCKET = 32
 
@@ -173,9 +172,9 @@ def compare_recompute(params, config, prompt_len, repeats):
 
 def machine_rates() -> tuple[float, float]:
     """(read bandwidth in bytes/s, matmul rate in FLOP/s), printed: the best of bench/membw.py's reads and of
-    three float32 matmul rates (`purejax.train.run.measure_matmul_flops`, 1024^3 under jit)."""
+    three float32 matmul rates (`bench.timing.measure_matmul_flops`, 1024^3 under jit)."""
     bandwidth = membw.bandwidths()
-    rates = [run.measure_matmul_flops() for _ in range(3)]
+    rates = [timing.measure_matmul_flops() for _ in range(3)]
     print("memory bandwidth: " + ", ".join(f"{k} {v:.1f} GB/s" for k, v in bandwidth.items()))
     print("float32 matmul rate (1024^3): " + ", ".join(f"{r / 1e9:.0f}" for r in rates) + " GFLOP/s")
     return max(bandwidth["xla read"], bandwidth["numpy read"]) * 1e9, max(rates)

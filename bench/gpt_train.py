@@ -38,7 +38,7 @@ ask `jax.nn.dot_product_attention` for cuDNN on a GPU (`causal_attention`) as pu
 For each config and contender: the median step time (interleaved samples, bench/timing.py), tokens/s, the
 time relative to purejax's, and MFU (nanoGPT's FLOPs-per-token estimate) as a fraction of the accelerator's
 dense bfloat16 peak (`purejax.train.run.PEAK_BF16_FLOPS`, by device kind) or, on a CPU, of this machine's
-measured float32 matmul rate (`purejax.train.run.measure_matmul_flops`). "first s" is the first call:
+measured float32 matmul rate (`bench.timing.measure_matmul_flops`). "first s" is the first call:
 tracing and compilation included. A markdown table is printed at the end.
 """
 
@@ -67,7 +67,7 @@ from bench.gpt_train_purejax import make_purejax
 from bench.gpt_train_raw import make_raw
 from bench.gpt_train_torch import make_torch
 from bench.gpt_train_weights import initial_weights
-from bench.timing import interleaved_medians
+from bench.timing import interleaved_medians, measure_matmul_flops
 from purejax.models import gpt
 from purejax.precision import resolve_compute_dtype
 from purejax.train import run
@@ -262,13 +262,13 @@ def main(argv=None):
     if jax.default_backend() == "gpu" and dtype == "float32":  # float32 as torch computes it: no TensorFloat-32
         jax.config.update("jax_default_matmul_precision", "highest")
     start = time.perf_counter()
-    rates = [run.measure_matmul_flops() for _ in range(3)]
+    rates = [measure_matmul_flops() for _ in range(3)]
     load = os.getloadavg()[0]
     print(f"{versions()}; backend {jax.default_backend()} ({jax.devices()[0].device_kind}), {os.cpu_count()} CPUs, "
           f"load average {load:.1f}; compute dtype {dtype}")  # fmt: skip
     runs = cases(configs, args.bias)
     results = {name: run_case(name, case, peers, args.repeats, dtype) for name, case in runs.items()}
-    rates += [run.measure_matmul_flops() for _ in range(3)]
+    rates += [measure_matmul_flops() for _ in range(3)]
     peak, what = mfu_peak(jax.default_backend(), jax.devices()[0].device_kind, rates)
     print(f"\nMFU is against {what}")
     print(f"load average at the end {os.getloadavg()[0]:.1f}; total {time.perf_counter() - start:.0f}s\n")

@@ -4,7 +4,7 @@
 
 A cached decoding step reads every parameter and the whole key/value cache once and does little arithmetic
 with each byte, so its memory floor is bytes / read bandwidth; bench/gpt_generate.py reports each step against
-the roofline, the larger of that and FLOPs / matmul rate (`purejax.train.run.measure_matmul_flops`).
+the roofline, the larger of that and FLOPs / matmul rate (`bench.timing.measure_matmul_flops`).
 Two kernels, each the best of `repeats` runs (the best, not the median: the floor is what the memory can do
 when nothing else is in the way):
 

@@ -31,3 +31,19 @@ def interleaved_medians(
             jax.block_until_ready(out)
             s.append((time.perf_counter() - start) / iters)
     return [statistics.median(s) for s in samples]
+
+
+def measure_matmul_flops(n: int = 1024, seconds: float = 0.5) -> float:
+    """This machine's float32 matmul rate (FLOP/s) for an n x n matmul under jit, over about `seconds`: the
+    benchmarks' compute roof on a CPU (the best of several, taken in the same run as what it is set against;
+    the training programs report no MFU on a CPU, since the rate moves with the machine's load)."""
+    import jax.numpy as jnp
+
+    a = jnp.ones((n, n), jnp.float32)
+    matmul = jax.jit(lambda x: x @ x)
+    matmul(a).block_until_ready()
+    calls, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        matmul(a).block_until_ready()
+        calls += 1
+    return 2 * n**3 * calls / (time.perf_counter() - start)

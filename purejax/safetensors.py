@@ -11,115 +11,68 @@ A file is three parts:
 
 Nothing in it is executed on load (unlike pickle), which is why the format exists. `load` memory-maps the
 file, so reading a large file costs no memory until an array is touched. bfloat16 and float8 come from
-ml_dtypes, which jax depends on. Every malformed header is rejected with an error naming the file and the
-entry; the header may be at most 100 MB, as in the reference implementation, so a corrupt length cannot make
-the reader allocate without bound.
+ml_dtypes, which jax depends on.
+
+Files from elsewhere are untrusted input: only a regular file is opened (never a FIFO, which would block, or
+a device), and every malformed header or index is a SafetensorsError naming the file and the entry, found at
+a cost bounded by the bytes actually there (the checks and their limits: purejax/_safetensors_header.py).
 """
 
 import json
-import math
 import os
 import struct
-from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
-MAX_HEADER_BYTES = 100_000_000
+from purejax._safetensors_header import (
+    DTYPES,
+    MAX_HEADER_BYTES,
+    MAX_NDIM,
+    Header,
+    SafetensorsError,
+    TensorInfo,
+    read_header,
+    read_index,
+    read_open_header,
+)
+from purejax._untrusted import open_regular, short
 
-# safetensors dtype name -> numpy dtype, little-endian (the format's byte order).
-DTYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_),
-    "U8": np.dtype("u1"),
-    "I8": np.dtype("i1"),
-    "U16": np.dtype("<u2"),
-    "I16": np.dtype("<i2"),
-    "U32": np.dtype("<u4"),
-    "I32": np.dtype("<i4"),
-    "U64": np.dtype("<u8"),
-    "I64": np.dtype("<i8"),
-    "F16": np.dtype("<f2"),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F32": np.dtype("<f4"),
-    "F64": np.dtype("<f8"),
-    # The format's float8 names: E4M3 is OCP's E4M3FN (no infinities); the FNUZ variants (AMD's and Graphcore's:
-    # no infinities, no negative zero, one NaN) and E8M0 (the exponent-only scale of the OCP MX formats) are
-    # distinct types with other bit meanings, so each has its own name. ml_dtypes has had all five since 0.5.
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-    "F8_E4M3FNUZ": np.dtype(ml_dtypes.float8_e4m3fnuz),
-    "F8_E5M2FNUZ": np.dtype(ml_dtypes.float8_e5m2fnuz),
-    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
-    "C64": np.dtype("<c8"),
-}
+__all__ = [
+    "DTYPES",
+    "MAX_HEADER_BYTES",
+    "MAX_NDIM",
+    "Header",
+    "SafetensorsError",
+    "TensorInfo",
+    "load",
+    "load_pretrained",
+    "read_header",
+    "save",
+    "save_pretrained",
+]
 _NAMES = {dtype: name for name, dtype in DTYPES.items()}
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """One header entry: the dtype's safetensors name, the shape, and [begin, end) in the data section."""
-
-    dtype: str
-    shape: tuple[int, ...]
-    offsets: tuple[int, int]
-
-
-@dataclass(frozen=True)
-class Header:
-    """A parsed, validated header. `data_start` is the file offset of the data section (8 + N)."""
-
-    tensors: dict[str, TensorInfo]
-    metadata: dict[str, str]
-    data_start: int
-
-
-class SafetensorsError(ValueError):
-    """The file is not valid safetensors; the message says which part and why."""
-
-
-def read_header(path: str | os.PathLike) -> Header:
-    """Parse and validate the header of the file at `path` without reading any tensor data."""
-    path = Path(path)
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        if size < 8:
-            raise SafetensorsError(f"{path}: {size} bytes is too short for a safetensors file (8-byte header length)")
-        (n,) = struct.unpack("<Q", f.read(8))
-        if n > MAX_HEADER_BYTES:
-            raise SafetensorsError(
-                f"{path}: header length {n:,} exceeds the {MAX_HEADER_BYTES:,}-byte limit; "
-                f"the file is corrupt or not safetensors"
-            )
-        if 8 + n > size:
-            raise SafetensorsError(f"{path}: header length {n:,} runs past the end of the {size:,}-byte file")
-        raw = f.read(n)
-    try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
-    except (UnicodeDecodeError, json.JSONDecodeError, _DuplicateKey) as e:
-        raise SafetensorsError(f"{path}: the header is not valid UTF-8 JSON: {e}") from e
-    if not isinstance(header, dict):
-        raise SafetensorsError(f"{path}: the header must be a JSON object, got {type(header).__name__}")
-    metadata = header.pop("__metadata__", {})
-    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise SafetensorsError(f"{path}: __metadata__ must map strings to strings, got {metadata!r}")
-    tensors = {name: _parse_entry(path, name, entry) for name, entry in header.items()}
-    _check_tiling(path, tensors, size - 8 - n)
-    return Header(tensors, metadata, 8 + n)
 
 
 def load(path: str | os.PathLike, *, mmap: bool = True) -> dict[str, np.ndarray]:
     """Every tensor in the file as a numpy array, by name. With `mmap` (default) the arrays are read-only
     views of the memory-mapped file, read from disk when touched; without, they are copies in memory."""
-    header = read_header(path)
-    buffer = np.memmap(path, dtype=np.uint8, mode="r") if mmap else np.fromfile(path, dtype=np.uint8)
+    path = Path(path)
+    with open_regular(path, lambda problem: SafetensorsError(path, problem)) as f:
+        header = read_open_header(f, path)
+        if mmap:
+            # A plain ndarray view of the map (which it keeps open): slicing a memmap runs Python code per array.
+            data = np.memmap(f, dtype=np.uint8, mode="r").view(np.ndarray)[header.data_start :]
+        else:
+            data = np.empty(os.fstat(f.fileno()).st_size - header.data_start, np.uint8)
+            if (n := f.readinto(data)) != data.size:
+                raise SafetensorsError(path, f"the file ended after {n:,} of its {data.size:,} bytes of data")
     out = {}
     for name, info in header.tensors.items():
-        begin, end = (header.data_start + o for o in info.offsets)
-        out[name] = buffer[begin:end].view(DTYPES[info.dtype]).reshape(info.shape)
+        begin, end = info.offsets
+        out[name] = data[begin:end].view(DTYPES[info.dtype]).reshape(info.shape)
     return out
 
 
@@ -129,17 +82,40 @@ def load_pretrained(directory: str | os.PathLike, weights_file: str, *, pickle_f
     naming what the directory holds and, if it holds torch's pickle `pickle_file`, how to convert it."""
     directory = Path(directory)
     single, index = directory / weights_file, directory / f"{weights_file}.index.json"
-    if single.is_file():
+    if os.path.lexists(single):  # not is_file(): a FIFO or directory there is refused by name, not skipped
         return load(single)
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return {name: a for shard in shards for name, a in load(directory / shard).items()}
+    if os.path.lexists(index):
+        return _load_shards(index)
     found = sorted(p.name for p in directory.iterdir())
     hint = f" {pickle_file} is torch's pickle format, which needs torch and can run code on load;"
     raise FileNotFoundError(
         f"no {single.name} (or {index.name}) in {directory}; found {found}."
         f"{hint if pickle_file in found else ''} convert it with {how_to_convert}"
     )
+
+
+def _load_shards(index: Path) -> dict[str, np.ndarray]:
+    """The tensors of the shards `index` lists, each in the shard the index names and in no other: a tensor
+    in two shards (which copy is meant?), one missing from its shard, or one the index does not list is a
+    SafetensorsError naming the tensor and the shards."""
+    weight_map = read_index(index)
+    tensors, found_in = {}, {}
+    for shard in sorted(set(weight_map.values())):
+        path = index.parent / shard
+        if not os.path.lexists(path):
+            raise SafetensorsError(index, f"lists the shard {short(shard)}, which is not in {index.parent}")
+        for name, array in load(path).items():
+            if name in found_in:
+                problem = f"is also in the shard {short(found_in[name])}; which copy is meant?"
+                raise SafetensorsError(path, problem, entry=name)
+            if weight_map.get(name) != shard:
+                listed = f"lists it in {short(weight_map[name])}" if name in weight_map else "does not list it"
+                raise SafetensorsError(path, f"is in this shard, but {index.name} {listed}", entry=name)
+            tensors[name], found_in[name] = array, shard
+    for name, shard in weight_map.items():
+        if name not in found_in:
+            raise SafetensorsError(index.parent / shard, f"is missing: {index.name} lists it in this shard", entry=name)
+    return tensors
 
 
 def save_pretrained(
@@ -210,62 +186,3 @@ def save(path: str | os.PathLike, tensors: Mapping[str, Any], metadata: Mapping[
         for name in order:
             f.write(arrays[name].tobytes())
     os.replace(tmp, path)
-
-
-# ---------------------------------------------------------------- validation
-
-
-class _DuplicateKey(ValueError):
-    pass
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """json object hook: a name given twice is ambiguous (which tensor is it?), so it is an error. Linear in the
-    number of names: a header may list tens of thousands of tensors."""
-    out = dict(pairs)
-    if len(out) < len(pairs):
-        repeated = sorted(k for k, n in Counter(k for k, _ in pairs).items() if n > 1)
-        raise _DuplicateKey(f"repeated names {repeated}")
-    return out
-
-
-def _is_count(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
-
-
-def _parse_entry(path: Path, name: str, entry: Any) -> TensorInfo:
-    where = f"{path}: tensor {name!r}"
-    if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
-        raise SafetensorsError(f"{where}: an entry needs exactly the keys dtype, shape and data_offsets, got {entry!r}")
-    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-    if dtype not in DTYPES:
-        raise SafetensorsError(f"{where}: unsupported dtype {dtype!r}; supported: {sorted(DTYPES)}")
-    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
-        raise SafetensorsError(f"{where}: shape must be a list of non-negative ints, got {shape!r}")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)):
-        raise SafetensorsError(f"{where}: data_offsets must be [begin, end] with non-negative ints, got {offsets!r}")
-    nbytes = math.prod(shape) * DTYPES[dtype].itemsize
-    if offsets[1] - offsets[0] != nbytes:
-        raise SafetensorsError(
-            f"{where}: data_offsets {offsets} span {offsets[1] - offsets[0]} bytes, but {dtype}{shape} needs {nbytes}"
-        )
-    return TensorInfo(dtype, tuple(shape), (offsets[0], offsets[1]))
-
-
-def _check_tiling(path: Path, tensors: dict[str, TensorInfo], data_size: int) -> None:
-    """The tensors' byte ranges must cover the data section exactly, in some order: no gap, no overlap."""
-    position, previous = 0, None
-    for name, info in sorted(tensors.items(), key=lambda item: item[1].offsets):
-        begin, end = info.offsets
-        if begin != position:
-            what = "overlaps" if begin < position else "leaves a gap after"
-            after = f"tensor {previous!r}" if previous else "the start of the data"
-            raise SafetensorsError(
-                f"{path}: tensor {name!r} at bytes [{begin}, {end}) {what} {after} (ending at byte {position})"
-            )
-        position, previous = end, name
-    if position != data_size:
-        raise SafetensorsError(
-            f"{path}: the tensors cover {position:,} bytes of data, but the file holds {data_size:,} after the "
-            f"header; the file is truncated or has trailing bytes"
-        )

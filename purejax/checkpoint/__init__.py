@@ -23,6 +23,7 @@ from purejax.checkpoint.format import (
     MAX_CHUNK_BYTES,
     CheckpointError,
     CheckpointInfo,
+    CheckpointWriteError,
     LeafInfo,
 )
 from purejax.checkpoint.manager import CheckpointManager
@@ -35,6 +36,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointInfo",
     "CheckpointManager",
+    "CheckpointWriteError",
     "LeafInfo",
     "Restored",
     "read_metadata",

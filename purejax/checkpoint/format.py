@@ -13,9 +13,12 @@ a partial restore seek straight to the leaves it wants. The header map itself is
 header.py; the node kinds of the tree are in nodes.py.
 """
 
+import array
+import errno
+import os
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +86,27 @@ class CheckpointError(Exception):
         super().__init__(f"checkpoint {where}: {problem}")
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written: its disk is full or over quota (`errno` ENOSPC or EDQUOT; an
+    OSError, so `except OSError` still catches it). The file it was to replace, if any, is intact, and its
+    temporary file is removed.
+
+    `path` is the checkpoint; `needed` the bytes its file takes; `free` the bytes its directory's disk has
+    left for this user once the temporary file is gone (None where unknown); `last_good` the newest
+    checkpoint still readable, named by `CheckpointManager.save` (None from `save`, or where there is none);
+    `kept` says in words what is left on disk. `str()` is the whole message, one line.
+    """
+
+    def __init__(self, path: Any, code: int, *, needed: int, free: int | None, kept: str, last_good: Any = None):
+        super().__init__(code, os.strerror(code), str(path))
+        self.path, self.needed, self.free, self.kept, self.last_good = path, needed, free, kept, last_good
+
+    def __str__(self) -> str:
+        full = "the disk is full" if self.errno == errno.ENOSPC else "the disk quota is exceeded"
+        left = "" if self.free is None else f", {self.free:,} are free"
+        return f"cannot write checkpoint {self.path}: {full}: it needs {self.needed:,} bytes{left}; {self.kept}"
+
+
 def dtype_name(dtype: Any) -> str:
     """The name a dtype is stored under, e.g. "bfloat16"; TypeError for a dtype a checkpoint cannot hold."""
     name = np.dtype(dtype).name  # the same for either byte order; `save` writes little-endian bytes
@@ -135,19 +159,26 @@ def unpack_record_prefix(raw: bytes) -> int | None:
     return _RECORD_PREFIX.unpack(raw)[1]
 
 
-@dataclass(frozen=True)
+def crc32_array(raw: bytes) -> array.array:
+    """A manifest entry's `crc32` bytes (little-endian uint32s) as an array of ints, 4 bytes each: a file of
+    millions of records costs 4 bytes per record in memory, not a Python int's 32."""
+    return array.array("I", raw)  # native order: readers run on little-endian hosts only (read.py)
+
+
+@dataclass(frozen=True, slots=True)
 class LeafInfo:
     """One manifest entry: a leaf's dotted path, what its bytes are, and where they are in the file.
 
     For a typed PRNG key, `dtype` and `shape` describe its key data (`jax.random.key_data`) and `key_impl`
-    names the implementation (e.g. "threefry2x32"); otherwise `key_impl` is None.
+    names the implementation (e.g. "threefry2x32"); otherwise `key_impl` is None. Slots and an array of
+    checksums keep a manifest of hundreds of thousands of leaves small in memory.
     """
 
     path: str
     dtype: str
     shape: tuple[int, ...]
     nbytes: int
-    crc32: tuple[int, ...]  # one per chunk
+    crc32: array.array = field(hash=False)  # one uint32 per chunk (an array is unhashable: the rest is hashed)
     key_impl: str | None
     offset: int  # file offset of the leaf's first record
 
@@ -172,7 +203,7 @@ class CheckpointInfo:
     config: Any
     metadata: dict[str | int, Any]
     chunk_bytes: int
-    tree: dict[str, Any]  # the node kinds, see purejax/checkpoint/nodes.py
+    tree: Any  # the tree's containers as saved, each leaf replaced by its index in `leaves` (see nodes.py)
     leaves: tuple[LeafInfo, ...]  # in file order
     size: int  # the file's length in bytes
 

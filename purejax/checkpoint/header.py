@@ -9,7 +9,9 @@ by every reader before it allocates anything.
 A reader trusts nothing in it that it has not checked: `parse_header` bounds every size by fixed limits
 (`MAX_NDIM` dimensions, no array larger than numpy can index) before it multiplies anything out, and by the
 bytes the file actually holds before it builds anything per record. So a crafted header of a few hundred
-bytes costs a reader neither time nor memory: it is a CheckpointError naming the file and the leaf.
+bytes costs a reader neither time nor memory: it is a CheckpointError naming the file and the leaf. And it
+reads the header a value at a time against a budget of a fixed multiple of its size (stream.py), so neither
+can a large one, whatever it holds.
 """
 
 import dataclasses
@@ -23,9 +25,15 @@ import msgpack
 import numpy as np
 
 from purejax.checkpoint import format as fmt
+from purejax.checkpoint import nodes
 from purejax.checkpoint.format import CheckpointError, CheckpointInfo, LeafInfo
+from purejax.checkpoint.stream import Budget, OverBudget, Stream
 
 _NUMPY_LIMIT = 2**63  # numpy indexes an array's bytes with int64: the non-zero dimensions' bytes must fit
+_DTYPE_NAMES = {name: name for name in fmt.DTYPES}
+# A LeafInfo's memory but its path's characters, shape's and checksums' elements: its slots, the path, shape and
+# checksum objects, the offset, its places in the lists and the set that hold it while the header is read.
+_LEAF_BYTES = 400
 
 
 def header_dict(
@@ -53,35 +61,121 @@ def encode_header(header: dict[str, Any]) -> bytes:
     return fmt.pack_preamble(len(raw), zlib.crc32(raw)) + raw
 
 
-def parse_header(header: Any, path: Path, data_offset: int, file_size: int) -> CheckpointInfo:
-    """Check a decoded header map against the format and against the `file_size` bytes the file has, and
-    compute each leaf's offset (the first leaf's is `data_offset`); CheckpointError naming what is wrong."""
+def parse_header(raw: bytes, path: Path, data_offset: int, file_size: int) -> CheckpointInfo:
+    """Read the header `raw` (its CRC already checked) a value at a time, check it against the format and against
+    the `file_size` bytes the file has, compute each leaf's offset (the first leaf's is `data_offset`) and
+    rebuild the tree (nodes.py); CheckpointError naming what is wrong.
+
+    What it builds is charged to a `stream.Budget` of a fixed multiple of the header's size: the top-level
+    fields first (the tree and the manifest passed over), then the manifest, one entry at a time, each entry
+    replaced by its `LeafInfo` before the next is read, then the tree, whose leaves are checked against the
+    manifest's paths as they are met."""
+    budget = Budget(len(raw))
+    try:
+        header, offsets = _top_level(Stream(raw, budget), path)
+        manifest = Stream(raw, budget, offsets["leaves"], bound=True)
+        leaves = _read_manifest(manifest, header["chunk_bytes"], data_offset, file_size, path)
+        tree = _read_tree(Stream(raw, budget, offsets["tree"]), leaves, path)
+    except CheckpointError:
+        raise
+    except OverBudget as e:
+        raise CheckpointError(path, str(e)) from None
+    except Exception as e:  # msgpack raises several types for malformed data (and TypeError for a list key)
+        raise CheckpointError(path, f"the header is not valid msgpack: {type(e).__name__}: {e}") from None
+    size = leaves[-1].offset + leaves[-1].size_in_file if leaves else data_offset
+    return CheckpointInfo(
+        path=path,
+        version=fmt.VERSION,
+        purejax_version=header["purejax_version"],
+        created=header["created"],
+        step=header.get("step"),
+        config=header.get("config"),
+        metadata=header["metadata"],
+        chunk_bytes=header["chunk_bytes"],
+        tree=tree,
+        leaves=leaves,
+        size=size,
+    )
+
+
+_FIELD_TYPES = {
+    "purejax_version": str,
+    "created": str,
+    "step": (int, type(None)),
+    "metadata": dict,
+    "byte_order": str,
+    "chunk_bytes": int,
+}  # and "config", of any type
+
+
+def _top_level(stream: Stream, path: Path) -> tuple[dict[str, Any], dict[str, int]]:
+    """The header's fields but the tree and the manifest, checked, and the offsets of those two in the header.
+
+    First the whole header is passed over (msgpack's `skip`, which builds nothing), so every array and map it
+    claims is known to be there before any is built: msgpack allocates an array's slots when it reads the
+    array's length, and a crafted header of nested claims ("a million elements" a thousand times over, in
+    a few kilobytes) would otherwise allocate without bound."""
     fail = functools.partial(_invalid, path)
-    if not isinstance(header, dict):
-        fail(f"expected a map, got {type(header).__name__}")
-    for key, kinds in [("purejax_version", str), ("created", str), ("step", (int, type(None))), ("metadata", dict),
-                       ("byte_order", str), ("chunk_bytes", int), ("tree", dict), ("leaves", list)]:  # fmt: skip
+    whole = stream.at(0)
+    whole.skip()
+    if whole.offset != len(stream.raw):
+        fail(f"{len(stream.raw) - whole.offset:,} bytes follow the header's map")
+    n = stream.map_header()
+    if n is None:
+        fail("expected a map")
+    header, offsets = {}, {}
+    for _ in range(n):  # keys in any order; unknown ones (a later revision's) are passed over unread
+        key = stream.value()
+        if type(key) is str and key in ("tree", "leaves"):
+            offsets[key] = stream.offset
+            stream.skip()
+        elif type(key) is str and (key in _FIELD_TYPES or key == "config"):
+            header[key] = stream.budget.keep(stream.value())
+        else:
+            stream.skip()
+    for key, kinds in _FIELD_TYPES.items():
         if not isinstance(header.get(key), kinds) or isinstance(header.get(key), bool):
             fail(f"field {key!r} is missing or has the wrong type ({type(header.get(key)).__name__})")
+    for key in ("tree", "leaves"):
+        if key not in offsets:
+            fail(f"field {key!r} is missing")
     if not all(type(k) in (str, int) for k in header["metadata"]):
         fail(f"metadata has a key that is neither str nor int: {_short(list(header['metadata']))}")
-    if not all(type(k) is str for k in header["tree"]):
-        fail(f"the tree's root node has a key that is not a string: {_short(list(header['tree']))}")
     if header["byte_order"] != fmt.BYTE_ORDER:
         fail(f"byte_order is {header['byte_order']!r}; version {fmt.VERSION} files are {fmt.BYTE_ORDER!r}")
-    chunk_bytes = header["chunk_bytes"]
-    if not 0 < chunk_bytes <= fmt.MAX_CHUNK_BYTES:
-        fail(f"chunk_bytes {chunk_bytes} is outside 1..{fmt.MAX_CHUNK_BYTES}")
-    leaves, offset = [], data_offset
-    for i, entry in enumerate(header["leaves"]):
+    if not 0 < header["chunk_bytes"] <= fmt.MAX_CHUNK_BYTES:
+        fail(f"chunk_bytes {header['chunk_bytes']} is outside 1..{fmt.MAX_CHUNK_BYTES}")
+    return header, offsets
+
+
+def _read_manifest(stream: Stream, chunk_bytes: int, offset: int, file_size: int, path: Path) -> tuple[LeafInfo, ...]:
+    """The manifest's entries, each read, checked and turned into a `LeafInfo` before the next is read."""
+    n = stream.array_header()
+    if n is None:
+        _invalid(path, "field 'leaves' is missing or has the wrong type (not an array)")
+    leaves, seen, budget = [], set(), stream.budget
+    for i in range(n):
+        before = budget.used
+        entry = stream.value()
+        budget.used = before  # the entry is dropped once its LeafInfo is made; the LeafInfo is charged instead
         leaf = _parse_leaf(entry, i, chunk_bytes, offset, file_size, path)
+        if leaf.path in seen:
+            _invalid(path, "two manifest entries have this path", leaf.path)
+        seen.add(leaf.path)
+        budget.charge(_LEAF_BYTES + len(leaf.path) + 8 * len(leaf.shape) + 4 * len(leaf.crc32))
         leaves.append(leaf)
         offset += leaf.size_in_file
-    return CheckpointInfo(
-        path=path, version=fmt.VERSION, purejax_version=header["purejax_version"], created=header["created"],
-        step=header.get("step"), config=header.get("config"), metadata=header["metadata"], chunk_bytes=chunk_bytes,
-        tree=header["tree"], leaves=tuple(leaves), size=offset,
-    )  # fmt: skip
+    return tuple(leaves)
+
+
+def _read_tree(stream: Stream, leaves: tuple[LeafInfo, ...], path: Path) -> Any:
+    """The tree (nodes.read), each leaf checked against its manifest entry's path."""
+    try:
+        return nodes.read(stream, len(leaves), [leaf.path for leaf in leaves])
+    except OverBudget:
+        raise
+    except ValueError as e:  # msgpack's errors for malformed bytes in the tree are ValueErrors too
+        raise CheckpointError(path, f"invalid tree in header: {e}") from None
 
 
 def _parse_leaf(entry: Any, i: int, chunk_bytes: int, offset: int, file_size: int, path: Path) -> LeafInfo:
@@ -115,8 +209,8 @@ def _parse_leaf(entry: Any, i: int, chunk_bytes: int, offset: int, file_size: in
         fail(f"crc32 must be {4 * n:,} bytes (4 per record), got {type(crc).__name__}", name)
     if impl is not None and not isinstance(impl, str):
         fail(f"key_impl {_short(impl)} is not a string", name)
-    crcs = tuple(int(c) for c in np.frombuffer(crc, "<u4"))
-    return LeafInfo(name, dtype, tuple(shape), nbytes, crcs, impl, offset)
+    dtype = _DTYPE_NAMES[dtype]  # one str object for every leaf of a dtype, not one each
+    return LeafInfo(name, dtype, tuple(shape), nbytes, fmt.crc32_array(crc), impl, offset)
 
 
 def _invalid(path: Path, problem: str, leaf: str | None = None) -> NoReturn:

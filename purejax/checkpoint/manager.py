@@ -31,7 +31,7 @@ import numpy as np
 from jaxtyping import Array
 
 from purejax.checkpoint import format as fmt
-from purejax.checkpoint.format import CheckpointError
+from purejax.checkpoint.format import CheckpointError, CheckpointWriteError
 from purejax.checkpoint.header import plain
 from purejax.checkpoint.read import Restored, read_metadata, restore
 from purejax.checkpoint.write import fsync_dir, save, temp_owner
@@ -95,7 +95,10 @@ class CheckpointManager:
         metadata: dict[str, Any] | None = None,
     ) -> Path:
         """Save `tree` as `step` (see `purejax.checkpoint.save`), then delete what the retention policy drops.
-        Before writing, it removes the temporary files of killed saves (`.ckpt_*.tmp`) whose process is gone."""
+        Before writing, it removes the temporary files of killed saves (`.ckpt_*.tmp`) whose process is gone.
+
+        When the disk is full, raises CheckpointWriteError naming, besides the file and the space it needs and
+        the space left, the last good checkpoint (`last_good`), the one a rerun would resume from."""
         step = int(step)
         if step < 0:
             raise ValueError(f"step must be non-negative, got {step}")
@@ -107,10 +110,22 @@ class CheckpointManager:
         if jax.process_index() == 0:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._remove_stale_temporaries()
-        path = save(self.path(step), tree, step=step, config=config, metadata=metadata, chunk_bytes=self.chunk_bytes)
+        path = self.path(step)
+        try:
+            save(path, tree, step=step, config=config, metadata=metadata, chunk_bytes=self.chunk_bytes)
+        except CheckpointWriteError as e:
+            raise self._with_last_good(e) from None
         if jax.process_index() == 0:
             self._prune(keep=step)
         return path
+
+    def _with_last_good(self, error: CheckpointWriteError) -> CheckpointWriteError:
+        """`error`, saying which checkpoint is now the newest good one: the one a rerun resumes from."""
+        last = self.latest_step()
+        last_good = None if last is None else self.path(last)
+        kept = f"the last good checkpoint is {last_good}" if last_good else f"{self.directory} has no checkpoint yet"
+        needed, free = error.needed, error.free
+        return CheckpointWriteError(error.path, error.errno, needed=needed, free=free, kept=kept, last_good=last_good)
 
     def latest_step(self) -> int | None:
         """The newest step whose file has a valid header and the right length (arrays are verified on restore);

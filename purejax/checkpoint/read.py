@@ -2,8 +2,8 @@
 
 What `restore` does, in order: open the file (a regular file only: never a directory or a FIFO, which would
 block for ever); read the preamble and the header, check the header's CRC-32 and every field against the
-format and against the file's actual size (header.py), before anything is allocated; rebuild the tree's
-shape from its node kinds (nodes.py) and check it against the template; then read the leaves -- by default
+format and against the file's actual size, and rebuild the tree's shape from its node kinds (header.py,
+nodes.py), before anything is allocated; check it against the template; then read the leaves -- by default
 with the fast path (fast_read.py), with `threads=False` with the reference path (sequential.py), the same
 checks either way -- and place each one as the template asks.
 
@@ -24,11 +24,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
-import msgpack
 import numpy as np
 
 from purejax import tree as tree_lib
-from purejax.checkpoint import fast_read, nodes, sequential
+from purejax.checkpoint import fast_read, sequential
 from purejax.checkpoint import format as fmt
 from purejax.checkpoint.format import CheckpointError, CheckpointInfo, LeafInfo
 from purejax.checkpoint.header import parse_header
@@ -47,8 +46,8 @@ class Restored(NamedTuple):
 def read_metadata(path: str | os.PathLike) -> CheckpointInfo:
     """The step, config, metadata and manifest of the checkpoint at `path`, reading no array bytes.
 
-    Also checks the header's CRC32 and that the file is exactly as long as the manifest says, so a
-    truncated file is reported here (CheckpointError naming the first incomplete leaf)."""
+    Also checks the header's CRC32, its tree, and that the file is exactly as long as the manifest says, so
+    a truncated file is reported here (CheckpointError naming the first incomplete leaf)."""
     path = Path(path)
     with _open(path) as f:
         return _read_info(f, path)
@@ -88,20 +87,20 @@ def restore(
     read_leaves = fast_read.read_leaves if threads else sequential.read_leaves
     with _open(path) as f:
         info = _read_info(f, path)
-        try:
-            skeleton = nodes.decode(info.tree, len(info.leaves))
-        except ValueError as e:
-            raise CheckpointError(path, f"invalid tree in header: {e}") from None
-        index = _check_tree(skeleton, info)
+        _check_keys(info)
+        skeleton, index = info.tree, None
         if subtree:
             try:
                 skeleton = tree_lib.subtree(skeleton, subtree)
             except KeyError as e:
                 raise KeyError(f"checkpoint {path}: {e.args[0]}") from None
-            index = {p: i for p, i in tree_lib.flatten(skeleton).items()}
+            index = tree_lib.flatten(skeleton)  # the paths within the subtree; distinct, as the manifest's are
         if like is None:
-            arrays = {i: _untyped(array, info.leaves[i]) for i, array in read_leaves(f.fileno(), info, index.values())}
+            wanted = range(len(info.leaves)) if index is None else index.values()
+            arrays = {i: _untyped(array, info.leaves[i]) for i, array in read_leaves(f.fileno(), info, wanted)}
             return Restored(jax.tree_util.tree_map(lambda i: arrays[i], skeleton), info)
+        if index is None:
+            index = {leaf.path: i for i, leaf in enumerate(info.leaves)}
         like_flat = tree_lib.flatten(like)
         _check_like(path, subtree, {p: info.leaves[i] for p, i in index.items()}, like_flat, cast)
         # Each leaf is placed as soon as it is read, so an accelerator run holds one leaf on the host at a time.
@@ -144,40 +143,27 @@ def _read_info(f, path: Path) -> CheckpointInfo:
     if (computed := zlib.crc32(raw)) != header_crc:
         problem = f"the header fails its CRC32 check (stored {header_crc:#010x}, computed {computed:#010x})"
         raise CheckpointError(path, f"{problem}: the file is corrupt")
-    try:
-        header = msgpack.unpackb(raw, raw=False, strict_map_key=False, max_ext_len=0)
-    except Exception as e:  # msgpack raises several exception types for malformed data
-        raise CheckpointError(path, f"the header is not valid msgpack: {type(e).__name__}: {e}") from None
     size = os.fstat(f.fileno()).st_size
-    info = parse_header(header, path, fmt.PREAMBLE_SIZE + header_nbytes, size)  # truncation: a CheckpointError
+    info = parse_header(raw, path, fmt.PREAMBLE_SIZE + header_nbytes, size)  # truncation: a CheckpointError
     if size > info.size:
         raise CheckpointError(path, f"file has {size - info.size:,} bytes after its last record: it is corrupt")
     return info
 
 
-def _check_tree(skeleton: PyTree, info: CheckpointInfo) -> dict[str, int]:
-    """`{dotted path: manifest index}`, after checking that the tree and the manifest agree on every path and
-    that each typed key's implementation and key data make sense."""
-    try:
-        flat = tree_lib.flatten(skeleton)
-    except ValueError as e:
-        raise CheckpointError(info.path, f"invalid tree in header: {e}") from None
-    for name, i in flat.items():
-        leaf = info.leaves[i]
-        if leaf.path != name:
-            problem = f"invalid header: manifest entry {i} is {leaf.path!r}, the tree puts {name!r} there"
-            raise CheckpointError(info.path, problem)
-        if leaf.key_impl is not None:
-            try:
-                _, data = _key_layout(leaf.key_impl)
-            except Exception as e:  # jax raises ValueError or KeyError for an unknown implementation
-                problem = f"unknown PRNG key implementation {leaf.key_impl!r} ({e})"
-                raise CheckpointError(info.path, problem, leaf=name) from None
-            if leaf.dtype != data.dtype.name or leaf.shape[len(leaf.shape) - len(data.shape) :] != data.shape:
-                each = f"{data.dtype.name}{list(data.shape)} each"
-                problem = f"key data {leaf.dtype}{list(leaf.shape)} does not fit {leaf.key_impl} keys ({each})"
-                raise CheckpointError(info.path, problem, leaf=name)
-    return flat
+def _check_keys(info: CheckpointInfo) -> None:
+    """CheckpointError unless each typed key's implementation is one jax knows and its key data fits it."""
+    for leaf in info.leaves:
+        if leaf.key_impl is None:
+            continue
+        try:
+            _, data = _key_layout(leaf.key_impl)
+        except Exception as e:  # jax raises ValueError or KeyError for an unknown implementation
+            problem = f"unknown PRNG key implementation {leaf.key_impl!r} ({e})"
+            raise CheckpointError(info.path, problem, leaf=leaf.path) from None
+        if leaf.dtype != data.dtype.name or leaf.shape[len(leaf.shape) - len(data.shape) :] != data.shape:
+            each = f"{data.dtype.name}{list(data.shape)} each"
+            problem = f"key data {leaf.dtype}{list(leaf.shape)} does not fit {leaf.key_impl} keys ({each})"
+            raise CheckpointError(info.path, problem, leaf=leaf.path)
 
 
 @functools.cache

@@ -15,12 +15,19 @@ over the final name, and the directory is fsynced so that the rename itself surv
 any moment leaves the old file or the new one under the final name, never a torn one, and a reader never
 sees a partial file. Temporary names (`.NAME.PID-RANDOM.tmp`) start with a dot and end in `.tmp`; those a
 killed save leaves behind are removed by the next `CheckpointManager.save` in that directory.
+
+A full disk (or quota): the temporary file is removed, the old file stays, and `save` raises
+`CheckpointWriteError` (an OSError) whose one-line message names the file, the bytes it needs and the bytes
+left, instead of msgpack's or the kernel's bare `[Errno 28]`.
 """
 
+import contextlib
 import datetime
+import errno
 import os
 import re
 import secrets
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -34,10 +41,11 @@ import purejax
 from purejax import tree as tree_lib
 from purejax.checkpoint import fast_write, nodes, sequential
 from purejax.checkpoint import format as fmt
-from purejax.checkpoint.header import encode_header, header_dict, plain
+from purejax.checkpoint.header import encode_header, header_dict, parse_header, plain
 
 PyTree = Any
 TEMP_SUFFIX = ".tmp"
+_DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}  # EDQUOT: a user's quota, where there is one
 _TEMP_NAME = re.compile(r"\.(?P<name>.+)\.(?P<pid>\d{1,10})-[0-9a-f]{8}\.tmp")  # what temp_path makes
 
 
@@ -64,6 +72,9 @@ def save(
         threads: write with the fast path (one writing thread, others checksumming); False: with the
             reference path, one thread front to back (sequential.py). The file is the same either way.
 
+    Raises CheckpointWriteError when the disk is full (see the module's docstring), ValueError or TypeError
+    for a tree, config or metadata a checkpoint cannot hold (before anything is written).
+
     Multi-process: call it on every process with the same tree. Arrays that span processes are gathered
     one at a time with `multihost_utils.process_allgather` (a collective, so every process must take part);
     other leaves are taken from process 0, which alone writes the file. Every process returns only once the
@@ -86,59 +97,98 @@ def save(
         tree=node,
         leaves=entries,
     )
-    if (header_bytes := len(encode_header(header)) - fmt.PREAMBLE_SIZE) > fmt.MAX_HEADER_BYTES:
+    encoded = encode_header(header)
+    if (header_bytes := len(encoded) - fmt.PREAMBLE_SIZE) > fmt.MAX_HEADER_BYTES:
         raise ValueError(
             f"the checkpoint header would be {header_bytes:,} bytes, over the {fmt.MAX_HEADER_BYTES:,} readers accept: "
             f"{len(leaves):,} leaves, config and metadata; stack repeated layers into single arrays, or shrink them"
         )
+    n_records = sum(fmt.n_records(entry["nbytes"], chunk_bytes) for entry in entries)
+    size = len(encoded) + sum(entry["nbytes"] for entry in entries) + fmt.RECORD_PREFIX_SIZE * n_records  # the file's
+    _check_readable(path, encoded, size)
     write_file = fast_write.write_file if threads else sequential.write_file
     if jax.process_count() == 1:
-        with _atomic_file(path) as f:
+        with _atomic_file(path, size) as f:
             write_file(f, header, map(_to_host, [x for _, x, _ in leaves]))
         return path
-    return _save_from_process_0(path, header, [x for _, x, _ in leaves], write_file)
+    return _save_from_process_0(path, header, [x for _, x, _ in leaves], write_file, size)
 
 
-def _save_from_process_0(path: Path, header: dict[str, Any], arrays: list[Any], write_file) -> Path:
+def _check_readable(path: Path, encoded: bytes, size: int) -> None:
+    """ValueError unless readers would accept this header: it is read here with their own code (header.py),
+    so every limit a reader enforces -- above all the memory its config and metadata decode to -- holds for
+    every file `save` writes."""
+    try:
+        parse_header(encoded[fmt.PREAMBLE_SIZE :], path, len(encoded), size)
+    except fmt.CheckpointError as e:
+        raise ValueError(
+            f"readers would refuse this checkpoint: {e.problem} (config and metadata are for settings "
+            "and numbers; put large data in the tree, as arrays)"
+        ) from None
+
+
+def _save_from_process_0(path: Path, header: dict[str, Any], arrays: list[Any], write_file, size: int) -> Path:
     """The multi-process save: every process takes part in each leaf's gather, in manifest order, one leaf
     at a time; process 0 writes the file. Then process 0 broadcasts whether it succeeded, which is also the
     barrier: no process returns before the file is durable, and if process 0 failed (a full disk, a missing
-    directory) every process raises instead of one raising and the others waiting forever in a collective."""
+    directory) every process raises instead of one raising and the others waiting forever in a collective
+    (a CheckpointWriteError everywhere if its disk was full, so every process can report it alike)."""
     remaining = iter(arrays)  # shared with the writer, so after a failure the rest can still be gathered
     failure = None
     if jax.process_index() == 0:
         try:
-            with _atomic_file(path) as f:
+            with _atomic_file(path, size) as f:
                 write_file(f, header, (_to_host(x) for x in remaining))
         except Exception as e:  # re-raised below, once the other processes have been told
             failure = e
     for x in remaining:  # other processes: all leaves; process 0: those after a failure
         if isinstance(x, jax.Array) and not x.is_fully_addressable:
             _to_host(x)  # take part in the gather (a collective), then drop the copy
-    ok = bool(multihost_utils.broadcast_one_to_all(np.int32(failure is None)))
+    # 0: written; an errno: process 0's disk is full; -1: another failure.
+    code = 0 if failure is None else failure.errno if isinstance(failure, fmt.CheckpointWriteError) else -1
+    code = int(multihost_utils.broadcast_one_to_all(np.int32(code)))
     if failure is not None:
         raise failure
-    if not ok:
+    if code > 0:
+        kept = "the file there before is intact (process 0's error gives the space left)"
+        raise fmt.CheckpointWriteError(path, code, needed=size, free=None, kept=kept)
+    if code:
         raise RuntimeError(f"process 0 failed to write the checkpoint {path} (its own log has the error)")
     return path
 
 
 @contextmanager
-def _atomic_file(path: Path):
-    """An open binary file that appears under `path`, fsynced, only when the `with` block succeeds."""
-    tmp = temp_path(path)
-    f = open(tmp, "xb", buffering=2**20)
+def _atomic_file(path: Path, size: int):
+    """An open binary file that appears under `path`, fsynced, only when the `with` block succeeds; `size` is
+    what it will hold, for the message when the disk is full (CheckpointWriteError)."""
+    tmp, f = temp_path(path), None
+    existed = path.exists()
     try:
+        f = open(tmp, "xb", buffering=2**20)
         yield f
         f.flush()
         os.fsync(f.fileno())
         f.close()
         os.replace(tmp, path)
         fsync_dir(path.parent)
-    except BaseException:
-        f.close()
-        tmp.unlink(missing_ok=True)
+    except BaseException as e:
+        if f is not None:
+            with contextlib.suppress(OSError):  # a buffered write can fail again here; the file closes anyway
+                f.close()
+            tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno in _DISK_FULL:
+            kept = "the file there before is intact" if existed else "no file was left behind"
+            free = _free_bytes(path.parent)
+            raise fmt.CheckpointWriteError(path, e.errno, needed=size, free=free, kept=kept) from None
         raise
+
+
+def _free_bytes(directory: Path) -> int | None:
+    """The bytes this user may still write on `directory`'s disk, or None if it cannot be asked."""
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return None
 
 
 def temp_path(path: Path) -> Path:

@@ -14,6 +14,8 @@
   each data shard differentiates its own copy of the params, and one `psum` per step sums the gradients.
 - `distributed`: `initialize` (jax.distributed under srun, mpirun or our launcher, or from flags or
   environment), `is_main`, and the global batch from the rows each process loads (`local_rows`, `global_batch`).
+- `preemption`: a SIGTERM on any process stops every process after the same step (JAX's preemption
+  service: `reached_sync_point`, `notify`).
 - `cluster`: how a process was started (srun, mpirun, launch), read from its environment before JAX starts.
 - `launch`: `python -m purejax.parallel.launch --num_processes=N -- <program>`, N local processes of one run.
 - `show`: `describe(tree)`, which device holds which slice of each array, read off the real shardings.

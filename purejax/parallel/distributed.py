@@ -96,7 +96,8 @@ def initialize(
     a no-op: a single-process program needs no coordinator. Giving only some of the settings outside a
     launch is an error, since a process that silently ran alone would train on a fraction of the data.
     A process started by `python -m purejax.parallel.launch` also starts watching its launcher here, so that
-    it ends when the launcher does, even if the launcher is SIGKILLed.
+    it ends when the launcher does, even if the launcher is SIGKILLed. JAX's preemption service is switched
+    on: from here a SIGTERM goes to its notifier, not to Python (purejax/parallel/preemption.py).
     """
     cluster.die_with_launcher()
     settings = {
@@ -118,6 +119,7 @@ def initialize(
             return
         else:
             _check_complete(settings)
+    jax.config.update("jax_enable_preemption_service", True)  # SIGTERM: every process stops at one step
     try:
         jax.distributed.initialize(**settings, **timeouts)
     except (RuntimeError, ValueError) as e:  # JAX's own: no coordinator, a port in use, nothing detected

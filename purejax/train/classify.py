@@ -16,6 +16,11 @@ Resume is exact: the shuffle and the shifts are functions of (seed, epoch), the 
 checkpointed state, so an interrupted and resumed run ends with the same parameters as an uninterrupted one.
 """
 
+from purejax.train import signals
+
+if __name__ == "__main__":  # first, before the heavy imports: a signal while JAX loads gets one line
+    signals.exit_at_once_while_starting()
+
 import dataclasses
 import functools
 import sys
@@ -201,7 +206,7 @@ def new_state(cfg: ClassifyConfig, model: mobilenet.MobileNetConfig, total_steps
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
-    with run.StopSignal() as stop, observe.Observer() as observer:  # a signal while starting up: no traceback
+    with signals.StopSignal() as stop, observe.Observer() as observer:  # a signal while starting up: no traceback
         cfg = config_lib.command_line(ClassifyConfig, argv, prog="purejax.train.classify", doc=__doc__,
                                       default_preset="classify_digits")  # fmt: skip
         out_dir = run.prepare_out_dir(cfg.out_dir)
@@ -221,6 +226,10 @@ def main(argv: list[str] | None = None) -> dict:
         if steps_per_epoch == 0:
             raise SystemExit(f"error: batch_size={cfg.batch_size} exceeds the {len(data.train_images)} training images")
         total_steps = cfg.epochs * steps_per_epoch
+        window = observe.profile_window(cfg.profile)
+        if window and window[1] > total_steps:  # known only now: the steps an epoch has come from the data
+            raise SystemExit(f"error: --profile={cfg.profile}: the run ends at step {total_steps} ({cfg.epochs} "
+                             f"epochs of {steps_per_epoch} steps), before iteration {window[1]}")  # fmt: skip
         if saved:
             state, info = resume.restore(manager, lambda: new_state(cfg, model, total_steps))
             print(f"resumed from {manager.path(info.step)} at step {info.step}")
@@ -239,7 +248,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 def train(cfg: ClassifyConfig, model: mobilenet.MobileNetConfig, data: images_lib.ImageSplits,
           state: optim.TrainState, manager: checkpoint.CheckpointManager, config: dict, resumed: Any,
-          stop: run.StopSignal, observer: observe.Observer) -> dict:  # fmt: skip
+          stop: signals.StopSignal, observer: observe.Observer) -> dict:  # fmt: skip
     """The loop (`purejax.train.loop`) with what is particular to a classifier: epochs of shuffled (and
     shifted) batches, the test accuracy after each, then a checkpoint; at the end the confusion matrix."""
     steps_per_epoch = len(data.train_images) // cfg.batch_size

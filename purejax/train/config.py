@@ -13,12 +13,13 @@ range-checked against the dataclass. Every program in `purejax.train` is configu
     cfg = parse_args(Settings, ["--config=my.toml", "--steps=200"])
 
 Precedence: the dataclass defaults, then the preset, then the overrides. An unknown key (listing the valid ones),
-a value of the wrong type, out of range or refused by its `check` is a one-line error naming the key. `--help` and
-docs/train-gpt.md's table (a test compares) come from the dataclass; nanoGPT `exec`s Python files instead."""
+a value of the wrong type, out of range or refused by its `check`, a setting given where it has no effect
+(`applies=When(...)`) or contradicting another (`agrees=`, purejax/train/config_rules.py) is a one-line error
+naming the key. `--help` and docs/train-gpt.md's table (a test compares) come from the dataclass; nanoGPT `exec`s
+Python files instead."""
 
 import dataclasses
 import importlib
-import math
 import re
 import sys
 import tomllib
@@ -28,73 +29,31 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from purejax.train import config_rules
+
+# check_ranges and check_schedule too: the programs call them as config_lib's
+from purejax.train.config_rules import ConfigError, Range, When, check_ranges, check_schedule, number  # noqa: F401
+
 PRESETS = Path(__file__).resolve().parent / "config"
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot be used; the message says which key and why."""
 
 
 # ---------------------------------------------------------------- declaring settings
 
 
-@dataclasses.dataclass(frozen=True)
-class Range:
-    """Where a number may lie: `at_least`/`at_most` are inclusive bounds, `above`/`below` exclusive."""
-
-    at_least: float | None = None
-    at_most: float | None = None
-    above: float | None = None
-    below: float | None = None
-
-    def holds(self, x: float) -> bool:
-        low = (self.at_least is None or x >= self.at_least) and (self.above is None or x > self.above)
-        return low and (self.at_most is None or x <= self.at_most) and (self.below is None or x < self.below)
-
-    def __str__(self) -> str:
-        bounds = [(">=", self.at_least), (">", self.above), ("<=", self.at_most), ("<", self.below)]
-        return " and ".join(f"{op} {_number(b)}" for op, b in bounds if b is not None)
-
-
-def setting(default: Any, help: str, check: Callable[[Any], Any] | None = None, **bounds: float) -> Any:
+def setting(
+    default: Any,
+    help: str,
+    check: Callable[[Any], Any] | None = None,
+    applies: When | None = None,
+    agrees: Callable[[Any], None] | None = None,
+    **bounds: float,
+) -> Any:
     """A dataclass field with its line of `help`, for numbers its range (`Range`), and a `check(value)` that raises
-    ValueError for a value its type allows but a program cannot use; `check_ranges` applies both."""
-    return dataclasses.field(default=default, metadata={"help": help, "range": Range(**bounds), "check": check})
-
-
-def check_ranges(settings: Any) -> None:
-    """Raise ConfigError for the first field of the dataclass `settings` whose value lies outside its range or
-    fails its `check`; a float must also be finite (NaN or infinity is never a setting)."""
-    for field in dataclasses.fields(settings):
-        value, limits = getattr(settings, field.name), field.metadata.get("range", Range())
-        if (check := field.metadata.get("check")) is not None:
-            try:
-                check(value)
-            except ValueError as e:
-                raise ConfigError(f"{field.name}={value!r}: {e}") from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{field.name}={value}: must be a finite number")
-        if not limits.holds(value):
-            raise ConfigError(f"{field.name}={_number(value)}: must be {limits}")
-
-
-def check_schedule(settings: Any) -> None:
-    """The rules of a warmup-then-cosine schedule (fields `warmup_iters`, `lr_decay_iters`, `learning_rate`,
-    `min_lr`), each broken one a one-line ConfigError saying what to set."""
-    warmup, decay = settings.warmup_iters, settings.lr_decay_iters
-    if warmup >= decay:
-        raise ConfigError(f"warmup_iters={warmup} must be less than lr_decay_iters={decay} (the cosine decay follows "
-                          "the warmup): set a smaller --warmup_iters or a larger --lr_decay_iters")  # fmt: skip
-    if settings.min_lr > settings.learning_rate:
-        raise ConfigError(f"min_lr={settings.min_lr:g} exceeds learning_rate={settings.learning_rate:g}: the "
-                          "schedule decays to min_lr; set --min_lr at most learning_rate")  # fmt: skip
-
-
-def _number(x: float) -> str:
-    return f"2**{int(x).bit_length() - 1}" if isinstance(x, int) and x >= 2**20 and x & (x - 1) == 0 else f"{x:g}"
+    ValueError for a value its type allows but a program cannot use (`check_ranges` applies both); `applies`,
+    when the setting has an effect, and `agrees(settings)`, its rule against the others (`build` checks both)."""
+    metadata = {"help": help, "range": Range(**bounds), "check": check, "applies": applies, "agrees": agrees}
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 # ---------------------------------------------------------------- presets and values
@@ -191,19 +150,26 @@ def type_name(annotation: Any) -> str:
 # ---------------------------------------------------------------- building and parsing
 
 
-def build(cls: type[T], values: dict[str, Any]) -> T:
-    """`cls(**values)` with every key checked: unknown keys listed with the valid ones, types checked."""
+def build(cls: type[T], values: dict[str, Any], given: set[str] | None = None, *, rules: bool = True) -> T:
+    """`cls(**values)` with every key checked: unknown keys listed with the valid ones, types checked; then,
+    with `rules`, the rules between settings (`config_rules.broken`: a setting in `given`, or when that is
+    None one that differs from its default, where it has no effect; one contradicting another)."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     unknown = sorted(k for k in values if k not in fields)
     if unknown:
         raise ConfigError(f"unknown config key(s) {unknown}; valid keys: {sorted(fields)}")
     checked = {k: _check_value(k, v, hints[k]) for k, v in values.items()}
-    return cls(**checked)
+    settings = cls(**checked)
+    if rules and (message := config_rules.broken(settings, given)):
+        raise ConfigError(message)
+    return settings
 
 
 def parse_args(cls: type[T], argv: list[str], *, default_preset: str | None = None) -> T:
-    """Build `cls` from `--config=<preset>` (or `default_preset`) and `--key=value` overrides (`--sp`: `--sp=true`)."""
+    """Build `cls` from `--config=<preset>` (or `default_preset`) and `--key=value` overrides (`--sp`: `--sp=true`).
+    The keys of both count as given (`build`); with `--init_from=resume` the settings not given come from the
+    checkpoint, so the rules between settings wait until `resume.settings` has merged them."""
     values: dict[str, Any] = {}
     overrides: list[tuple[str, str]] = []
     preset = default_preset
@@ -225,7 +191,7 @@ def parse_args(cls: type[T], argv: list[str], *, default_preset: str | None = No
         if key not in hints:
             raise ConfigError(f"unknown config key {key!r}; valid keys: {sorted(hints)}")
         values[key] = _parse_value(key, text, hints[key])
-    return build(cls, values)
+    return build(cls, values, given=set(values), rules=values.get("init_from") != "resume")
 
 
 def command_line(cls: type[T], argv: list[str], *, prog: str, doc: str = "", default_preset: str | None = None) -> T:
@@ -259,7 +225,13 @@ def describe(cls: type, preset: str | None = None) -> list[tuple[str, str, str, 
     inherited = {f.name for base in cls.__bases__ if dataclasses.is_dataclass(base) for f in dataclasses.fields(base)}
     fields = sorted(dataclasses.fields(cls), key=lambda f: f.name in inherited)  # stable: each group keeps its order
     return [(f.name, type_name(hints[f.name]), str(f.metadata.get("range", "")), _shown(values.get(f.name, f.default)),
-             f.metadata.get("help", "")) for f in fields]  # fmt: skip
+             _meaning(f)) for f in fields]  # fmt: skip
+
+
+def _meaning(field: dataclasses.Field) -> str:
+    """A field's help, and when it has an effect (`applies`)."""
+    when = field.metadata.get("applies")
+    return field.metadata.get("help", "") + (f"; only with {when}" if when else "")
 
 
 def help_text(cls: type, preset: str | None = None, doc: str = "", prog: str = "") -> str:
@@ -283,7 +255,7 @@ def help_text(cls: type, preset: str | None = None, doc: str = "", prog: str = "
 def _shown(value: Any) -> str:
     if value is None or isinstance(value, bool):
         return str(value).lower()
-    return repr(value) if isinstance(value, str) else _number(value)
+    return repr(value) if isinstance(value, str) else number(value)
 
 
 def markdown_table(cls: type, preset: str | None = None) -> str:

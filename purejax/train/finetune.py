@@ -16,6 +16,11 @@ batches are a function of (seed, step), dropout keys live in the state, and the 
 of the step. The base is an argument of the jitted step, not a constant baked into it.
 """
 
+from purejax.train import signals
+
+if __name__ == "__main__":  # first, before the heavy imports: a signal while JAX loads gets one line
+    signals.exit_at_once_while_starting()
+
 import dataclasses
 import functools
 import json
@@ -117,7 +122,7 @@ def compile_step(cfg: FinetuneConfig, model: Any, config: lora.LoraConfig):
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
-    with run.StopSignal() as stop:
+    with signals.StopSignal() as stop:
         cfg = parse(argv)
         out_dir = run.prepare_out_dir(cfg.out_dir)
         manager = checkpoint.CheckpointManager(out_dir, keep_last=cfg.keep_checkpoints)
@@ -130,6 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
         base = models.load(base_dir, cfg)
         model = base.config
         check_base(model, saved, base_dir)
+        models.check_settings(cfg, base)  # the rank against the base's widths, --merge_into: before any work
         dataset, fingerprint = gpt_program.open_data(cfg.train_config(), Devices(), saved)
         if dataset.tokenizer.vocab_size > model.vocab_size:
             raise SystemExit(f"error: the {cfg.tokenizer} tokenizer has {dataset.tokenizer.vocab_size} ids, but the "
@@ -154,7 +160,7 @@ def train(
     manager: checkpoint.CheckpointManager,
     run_config: dict,
     resumed: checkpoint.CheckpointInfo | None,
-    stop: run.StopSignal,
+    stop: signals.StopSignal,
 ) -> tuple[optim.TrainState, dict]:
     """(the final state, the losses): the shared loop with the evaluations. Iteration 0 is the base's own loss
     (B = 0), recorded as `base_val_loss`; then every eval_interval steps and at the end, each followed by a
@@ -207,7 +213,10 @@ def finish(
 ) -> dict:
     """After training: the adapters alone in out_dir/adapters.msgpack, the merged model as a Hugging Face
     directory if asked (`merge_into`, at the base's full context), and samples from base + adapters."""
-    path = lora.save(Path(cfg.out_dir) / "adapters.msgpack", adapters, config)
+    try:
+        path = lora.save(Path(cfg.out_dir) / "adapters.msgpack", adapters, config)
+    except checkpoint.CheckpointWriteError as e:  # a full disk: one line; the checkpoints stay as they were
+        raise SystemExit(f"error: {e}") from None
     print(f"adapters: {path} ({path.stat().st_size / 1e3:.1f} KB)")
     if cfg.merge_into:
         full, full_model = models.read(base_dir)

@@ -30,7 +30,9 @@ class FinetuneConfig:
     eval_iters: int = setting(20, "batches of each split per loss estimate", at_least=1)
     always_save_checkpoint: bool = setting(True, "save at every evaluation; false: only when the val loss improves")
     keep_checkpoints: int = setting(2, "how many of the newest checkpoints to keep", at_least=1)
-    merge_into: str = setting("", "at the end, also write base + adapters merged as a Hugging Face directory here")
+    merge_into: str = setting(
+        "", "at the end, also write base + adapters merged as a Hugging Face directory here (a new or empty one)"
+    )
     # data
     dataset: str = setting("stdlib", "a prepared directory, a name under data/, or any text file or directory")
     tokenizer: Literal["char", "byte"] = setting("byte", "one id per UTF-8 byte (the same ids on any text), or "
@@ -38,7 +40,9 @@ class FinetuneConfig:
     batch_size: int = setting(8, "sequences per step", at_least=1)
     block_size: int = setting(64, "context length in tokens (the base's positions are cropped to it)", at_least=1)
     # LoRA (Hu et al. 2021)
-    lora_rank: int = setting(8, "r: the rank of every adapter A @ B", at_least=1)
+    lora_rank: int = setting(
+        8, "r: the rank of every adapter A @ B (at most the narrowest side of the matrices adapted)", at_least=1
+    )
     lora_alpha: float = setting(16.0, "the adapters' output is scaled by lora_alpha / lora_rank", above=0)
     lora_targets: str = setting("blocks.attn.qkv.w,blocks.mlp.*.w", "comma-separated param paths to adapt; `*` "
                                 "matches one dotted component")  # fmt: skip

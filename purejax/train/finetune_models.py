@@ -8,6 +8,7 @@ Each family is the same four functions over its own model file, so the program n
     loss_fn = model_loss(base.config)     # (params, batch, *, key=None) -> scalar: the model's own loss
     ids = generate(params, base.config, prompt, key=key, max_new_tokens=..., temperature=..., top_k=...)
     save(params, base.config, directory)  # the Hugging Face layout again (for --merge_into)
+    check_settings(cfg, base)             # what needs the base or the disk, before anything compiles
 
 A model module is imported only when its family is used.
 """
@@ -22,8 +23,10 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from purejax import lora
 from purejax import tree as tree_lib
 from purejax.models import gpt
+from purejax.train.data.prepare import check_writable
 from purejax.train.gpt_config import load_gpt2
 
 FAMILIES = {"gpt2": "gpt_hf", "llama": "llama_hf"}  # config.json's model_type -> the purejax.models module
@@ -112,3 +115,55 @@ def save(params: dict, config: Any, directory: str | Path) -> None:
     """The params in their family's Hugging Face layout (`gpt_hf.save` or `llama_hf.save`)."""
     module = FAMILIES["gpt2" if isinstance(config, gpt.GPTConfig) else "llama"]
     importlib.import_module(f"purejax.models.{module}").save(params, config, directory)
+
+
+def check_settings(cfg: Any, base: Base) -> None:
+    """The settings that need the base or the disk, checked before anything compiles (a one-line SystemExit
+    naming the setting): every target selects matrices, `lora_rank` is at most the width of each (`check_rank`),
+    and `merge_into` can take the merged model (`check_merge_into`)."""
+    config = cfg.lora_config()
+    try:
+        paths = lora.select(base.params, config)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    check_rank(base.params, config, paths)
+    check_merge_into(cfg.merge_into)
+
+
+def check_rank(params: dict, config: lora.LoraConfig, paths: list[str]) -> None:
+    """A (d_in, d_out) matrix's change A @ B has rank at most min(d_in, d_out): a larger rank adds parameters
+    (and a larger adapters file) but no capacity, so `config.rank` must not exceed the narrowest adapted side."""
+    flat = tree_lib.flatten(params)
+    path = min(paths, key=lambda p: min(flat[p].shape[-2:]))
+    d_in, d_out = flat[path].shape[-2:]
+    if config.rank > min(d_in, d_out):
+        raise SystemExit(
+            f"error: --lora_rank={config.rank} exceeds the width of {path} ({d_in} x {d_out}): an "
+            f"adapter's change has rank at most {min(d_in, d_out)}; give --lora_rank at most that"
+        )
+
+
+def check_merge_into(directory: str) -> None:
+    """`--merge_into` (if given) a new or empty directory that can be written (created now): the merged model
+    is written at the end of the run, and a file there, a directory holding something else (another model, the
+    base itself) or one that cannot be written would fail or overwrite it only after training."""
+    if not directory:
+        return
+    path = Path(directory)
+    if path.exists() and not path.is_dir():
+        raise SystemExit(
+            f"error: --merge_into={directory!r} is a file; the merged model is a directory: give a new or empty one"
+        )
+    held = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+    if held:
+        raise SystemExit(
+            f"error: --merge_into={directory!r} already holds {', '.join(held[:3])}"
+            f"{', ...' if len(held) > 3 else ''}; the merged model goes to a new or empty directory"
+        )
+    try:
+        check_writable(path, what="the merged model")
+    except OSError as e:  # check_writable words its message for --out_dir; the cause is the OSError it caught
+        reason = getattr(e.__context__, "strerror", None) or e
+        raise SystemExit(
+            f"error: --merge_into={directory!r} cannot be written ({reason}); give another directory"
+        ) from None

@@ -20,6 +20,11 @@ Resume is exact: batches are a function of (seed, step), keys live in the checkp
 rate is a function of the step, so an interrupted and resumed run ends with the same parameters, bit for bit.
 """
 
+from purejax.train import signals
+
+if __name__ == "__main__":  # first, before the heavy imports: a signal while JAX loads gets one line
+    signals.exit_at_once_while_starting()
+
 import dataclasses
 import functools
 import importlib.util
@@ -218,7 +223,7 @@ def load_data(cfg: TrainConfig, saved: dict | None) -> tuple[images_lib.ImageSpl
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
-    with run.StopSignal() as stop, observe.Observer() as observer:  # a signal while starting up: no traceback
+    with signals.StopSignal() as stop, observe.Observer() as observer:  # a signal while starting up: no traceback
         cfg = config_lib.command_line(TrainConfig, argv, prog="purejax.train.flow", doc=__doc__,
                                       default_preset="flow_digits")  # fmt: skip
         out_dir = run.prepare_out_dir(cfg.out_dir)

@@ -24,6 +24,11 @@ of every batch; process 0 alone writes logs and checkpoints. A resumed run takes
 command line, not from the checkpoint, so a run saved on one mesh continues on another.
 """
 
+from purejax.train import signals
+
+if __name__ == "__main__":  # first, before the heavy imports: a signal while JAX loads gets one line
+    signals.exit_at_once_while_starting()
+
 import dataclasses
 import functools
 import math
@@ -166,7 +171,7 @@ def parse(argv: list[str]) -> TrainConfig:
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
-    with run.StopSignal() as stop, observe.Observer() as observer:  # a signal while starting up: no traceback
+    with signals.StopSignal() as stop, observe.Observer() as observer:  # a signal while starting up: no traceback
         cfg = parse(argv)
         devices = start_devices(cfg)
         cfg = dataclasses.replace(cfg, dtype=resolve_compute_dtype(cfg.dtype, jax.default_backend()))  # "auto"
@@ -207,7 +212,7 @@ def train(
     manager: checkpoint.CheckpointManager,
     config: dict,
     resumed: Any,
-    stop: run.StopSignal,
+    stop: signals.StopSignal,
     observer: observe.Observer,
 ) -> dict:
     """The loop (`purejax.train.loop`) with what is particular to a GPT: batches drawn from (seed, step) and
@@ -218,7 +223,7 @@ def train(
     rows = devices.local_rows(global_batch)  # this process reads only these rows of every batch
     batches = data_lib.batches(dataset.train, global_batch, cfg.block_size, cfg.seed, start, rows=rows)
     batches = data_lib.prefetch(batches, put=lambda batch: devices.put_batch(batch, global_batch))
-    tokens_per_iter, peak = global_batch * cfg.block_size, cfg.peak_flops or run.peak_flops()
+    tokens_per_iter, (peak, peak_source) = global_batch * cfg.block_size, run.peak_flops(cfg.peak_flops)
     best = resumed.metadata.get("best_val_loss", math.inf) if resumed else math.inf
     # An "eval" or "end" checkpoint was saved right after evaluating its iteration; a "signal" one was not.
     evaluated_at = start if resumed and resumed.metadata.get("reason") in ("eval", "end") else None
@@ -243,15 +248,16 @@ def train(
 
     def rates(seconds_per_iter: float) -> dict[str, float]:
         tokens_per_s = tokens_per_iter / seconds_per_iter
-        return {"tokens_per_s": tokens_per_s, "mfu": gpt.estimate_mfu(model, tokens_per_s, peak)}
+        mfu = {"mfu": gpt.estimate_mfu(model, tokens_per_s, peak)} if peak else {}
+        return {"tokens_per_s": tokens_per_s, **mfu}
 
     loop = Loop(manager.directory, stop, save, start=start, total=start if cfg.eval_only else cfg.max_iters,
                 log_interval=cfg.log_interval, progress=cfg.progress, max_bad_steps=cfg.max_bad_steps,
                 resumed=resumed is not None, main=distributed.is_main(), rates=rates,
-                agree=devices.stop_requested, observer=observer)  # fmt: skip
+                agree=devices.stop_agreement(), observer=observer)  # fmt: skip
     loop.say(f"model: {gpt.num_params(state.params) / 1e6:.2f}M non-embedding params, {model}")
     loop.say(f"data: {len(dataset.train):,} train / {len(dataset.val):,} val tokens, vocab {model.vocab_size}; "
-             f"{tokens_per_iter:,} tokens per iter; MFU against {peak / 1e9:.0f} GFLOP/s")  # fmt: skip
+             f"{tokens_per_iter:,} tokens per iter; {peak_source}")  # fmt: skip
     loop.say(f"dtype: {cfg.dtype} compute, float32 params, on {jax.default_backend()}")
     if devices.sharded:
         cp = f", sequences split over cp={devices.cp}" if devices.cp > 1 else ""

@@ -13,8 +13,21 @@ from purejax import optim
 from purejax.models import gpt, gpt_surgery
 from purejax.nn import remat as remat_lib
 from purejax.train import config as config_lib
-from purejax.train.config import setting
+from purejax.train.config import When, setting
 from purejax.train.observe import RunSettings
+
+SHAMPOO, MUON, MOE = When("optimizer", "shampoo"), When("optimizer", "muon"), When("n_experts", above=0)
+"""When the optimizers' and the mixture of experts' own settings have an effect (`config_rules`)."""
+
+
+def preconditions_in_the_run(cfg: "TrainConfig") -> None:
+    """Shampoo runs its graft (Adam) alone before step `shampoo_start`: at or past max_iters, no step of the run
+    would be preconditioned."""
+    if 0 < cfg.max_iters <= cfg.shampoo_start:
+        raise ValueError(
+            f"Shampoo preconditions from step shampoo_start on, but the run ends at max_iters="
+            f"{cfg.max_iters}: every step would be Adam's alone; set --shampoo_start below max_iters"
+        )
 
 
 @dataclass(frozen=True)
@@ -54,10 +67,16 @@ class TrainConfig(RunSettings):
                          "jax.checkpoint_policies name (purejax/nn/remat.py)", check=remat_lib.check)  # fmt: skip
     # mixture of experts (purejax/models/gpt_moe.py, docs/parallel-experts.md)
     n_experts: int = setting(0, "experts per block's MLP (0: a dense MLP; else >= 2)", at_least=0)
-    expert_top_k: int = setting(2, "experts each token goes to (1 to n_experts)", at_least=1)
-    capacity_factor: float = setting(1.25, "tokens an expert takes, as a multiple of an even share (per device); "
-                                     "the rest skip the layer (0: no limit)", at_least=0)  # fmt: skip
-    moe_aux_weight: float = setting(0.01, "weight of the load-balancing loss (Switch Transformer)", at_least=0)
+    expert_top_k: int = setting(2, "experts each token goes to (1 to n_experts)", applies=MOE, at_least=1)
+    capacity_factor: float = setting(
+        1.25,
+        "tokens an expert takes, as a multiple of an even share (per device); the rest skip the layer (0: no limit)",
+        applies=MOE,
+        at_least=0,
+    )
+    moe_aux_weight: float = setting(
+        0.01, "weight of the load-balancing loss (Switch Transformer)", applies=MOE, at_least=0
+    )
     # AdamW, weight decay on matmul weights and embeddings only, gradient clipping
     learning_rate: float = setting(1e-3, "the peak learning rate, reached after the warmup", above=0)
     max_iters: int = setting(2000, "optimizer steps in all", at_least=0)
@@ -68,14 +87,37 @@ class TrainConfig(RunSettings):
     # the optimizer: AdamW, or Shampoo or Muon (docs/optim.md) with the same rate, betas, decay and schedule
     optimizer: Literal["adamw", "shampoo", "muon"] = setting("adamw", "AdamW (nanoGPT's), Shampoo grafted onto "
                                                              "Adam, or Muon on the blocks' matrices")  # fmt: skip
-    shampoo_block_size: int = setting(128, "Shampoo: the largest side of a preconditioned block", at_least=1)
-    shampoo_precondition_every: int = setting(10, "Shampoo: recompute the inverse roots every this many steps",
-                                              at_least=1)  # fmt: skip
-    shampoo_start: int = setting(10, "Shampoo: steps of the graft alone (Adam) before preconditioning", at_least=0)
-    muon_momentum: float = setting(0.95, "Muon: the momentum of the orthogonalised update", at_least=0, below=1)
-    muon_ns_steps: int = setting(5, "Muon: Newton-Schulz steps per update", at_least=1)
-    muon_rms: float = setting(0.2, "Muon: the update's RMS per unit of learning rate (0.2: AdamW's, so its rate "
-                              "and decay carry over; Liu et al. 2025)", above=0)  # fmt: skip
+    shampoo_block_size: int = setting(
+        128, "Shampoo: the largest side of a preconditioned block", applies=SHAMPOO, at_least=1
+    )
+    shampoo_precondition_every: int = setting(
+        10, "Shampoo: recompute the inverse roots every this many steps", applies=SHAMPOO, at_least=1
+    )
+    shampoo_start: int = setting(
+        10,
+        "Shampoo: steps of the graft alone (Adam) before preconditioning (below max_iters)",
+        applies=SHAMPOO,
+        agrees=preconditions_in_the_run,
+        at_least=0,
+    )
+    muon_momentum: float = setting(
+        0.95, "Muon: the momentum of the orthogonalised update", applies=MUON, at_least=0, below=1
+    )
+    muon_ns_steps: int = setting(
+        5,
+        "Muon: Newton-Schulz steps per update (5: Keller Jordan's and optax's; each is unrolled into the compiled "
+        "step, so a bound keeps the compile short)",
+        applies=MUON,
+        at_least=1,
+        at_most=50,
+    )
+    muon_rms: float = setting(
+        0.2,
+        "Muon: the update's RMS per unit of learning rate (0.2: AdamW's, so its rate and decay carry over; Liu "
+        "et al. 2025)",
+        applies=MUON,
+        above=0,
+    )
     # learning-rate schedule: linear warmup, cosine decay to min_lr (nanoGPT's get_lr)
     decay_lr: bool = setting(True, "warm up, then decay to min_lr; false: learning_rate throughout")
     warmup_iters: int = setting(100, "steps of linear warmup", at_least=0)
@@ -87,8 +129,9 @@ class TrainConfig(RunSettings):
         "dynamic loss scale")  # fmt: skip
     compile: bool = setting(True, "jit the step; false runs it op by op, for debugging")
     seed: int = setting(1337, "the seed of the init, the batches and dropout", at_least=0, below=2**32)
-    peak_flops: float = setting(0.0, "FLOP/s that MFU is a fraction of; 0: a known accelerator's bfloat16 "
-                                "peak, else this machine's measured matmul rate", at_least=0)  # fmt: skip
+    peak_flops: float = setting(
+        0.0, "FLOP/s that MFU is a fraction of; 0: a known accelerator's bfloat16 peak, else no MFU", at_least=0
+    )
     progress: bool = setting(True, "a progress bar on a terminal with tqdm; else a line every log_interval")
     max_bad_steps: int = setting(100, "stop after this many steps in a row with a non-finite loss or gradients "
                                  "(0: never)", at_least=0)  # fmt: skip
@@ -106,7 +149,9 @@ class TrainConfig(RunSettings):
     micro_batches: int = setting(1, "with pp > 1: micro-batches each batch is pipelined in (batch_size / dp must "
                                  "divide by it)", at_least=1)  # fmt: skip
     pipeline_schedule: Literal["gpipe", "1f1b"] = setting(
-        "1f1b", "with pp > 1: all forwards, then all backwards (gpipe), or one of each in turn (1f1b, less memory)"
+        "1f1b",
+        "all forwards, then all backwards (gpipe), or one of each in turn (1f1b, less memory)",
+        applies=When("pp", above=1),
     )
     # processes: "" / 0 / -1 take what the launcher set (srun, mpirun, purejax.parallel.launch), else one process
     coordinator: str = setting("", "host:port of process 0")

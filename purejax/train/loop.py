@@ -18,14 +18,19 @@ Around them the loop keeps, alike for every program:
 - timing: the first step, compilation included, is reported on its own line; then every `log_interval`
   steps a row goes to `metrics.jsonl` (`run.MetricsLog`: strict JSON, null for a non-finite number) with the
   loss, learning rate, gradient norm, loss scale, the number of steps skipped since the last row, ms/iter,
-  the step's own scalar metrics (e.g. accuracy) and the program's `rates(seconds_per_step)` (tokens/s, MFU);
+  the step's own scalar metrics (e.g. accuracy) and the program's `rates(seconds_per_step)` (tokens/s, MFU).
+  The time is that of the steps that ran: the loop waits for the state at each row (JAX dispatches steps
+  ahead of the device), and a row whose window holds only the first step has no timing. A resumed run
+  first drops the rows that the interrupted one logged after its checkpoint, so no iteration appears twice;
 - the display: a tqdm bar on a terminal, else the same row as a plain line (`run.live_bar`);
-- stop signals (`run.StopSignal`): a request saves a checkpoint after the step in flight and exits with 0;
-  `agree(requested, at_log_interval)` lets the processes of a multi-process run stop at the same step;
+- stop signals (`signals.StopSignal`): a request saves a checkpoint after the step in flight and exits
+  with 0; `agree(requested, it)`, asked after every step, lets the processes of a multi-process run stop at
+  the same step (`Devices.stop_requested`);
 - divergence: `optim.train_step` skips a step whose gradients are not finite (params unchanged; a float16
   loss scale backs off). After `WARN_AFTER` such steps in a row, or steps with a non-finite loss, a warning;
   after `max_bad_steps` (0: never) the run stops with an error and exit status 1, without saving over the
-  last good checkpoint. Checked at log intervals from every step's metrics (no extra wait per step);
+  last good checkpoint, and so does a run that skipped every one of its steps, however few. Checked at log
+  intervals and at the end from every step's metrics (no extra wait per step);
 - an `observe.Observer` when the program passes one (`observer=`): a profiler trace around the steps that
   `--profile` names, and every row of metrics.jsonl also to TensorBoard or W&B.
 """
@@ -38,7 +43,8 @@ from typing import Any
 
 import jax
 
-from purejax.train import run
+from purejax import checkpoint
+from purejax.train import run, signals
 from purejax.train.observe import Observer
 
 WARN_AFTER = 10  # consecutive bad steps before a warning
@@ -54,7 +60,7 @@ class Loop:
     def __init__(
         self,
         out_dir: str | Path,
-        stop: run.StopSignal,
+        stop: signals.StopSignal,
         save: Callable[..., Path],
         *,
         start: int,
@@ -65,7 +71,7 @@ class Loop:
         resumed: bool = False,
         main: bool = True,
         rates: Callable[[float], dict[str, float]] = lambda seconds_per_step: {},
-        agree: Callable[[bool, bool], bool] = lambda requested, at_log_interval: requested,
+        agree: Callable[[bool, int], bool] = lambda requested, it: requested,
         observer: Observer | None = None,
     ):
         self.out_dir, self.stop, self._save = Path(out_dir), stop, save
@@ -77,7 +83,9 @@ class Loop:
         self.bar = None
         self._pending: list[dict[str, Any]] = []  # the metrics of the steps since the last log row
         self._window_start, self._window_steps, self._compiled = time.perf_counter(), 0, False
-        self._bad, self._warned = 0, False
+        self._bad, self._good, self._warned = 0, 0, False
+        if resumed and self.log is not None:
+            self.log.drop_after(start)  # rows a killed run logged after its checkpoint: this run logs them again
 
     def say(self, line: str) -> None:
         """Print a line (above the bar when there is one); only on the main process."""
@@ -94,7 +102,10 @@ class Loop:
 
     def save(self, state: PyTree, it: int, reason: str, **metadata: Any) -> Path:
         """The program's `save(state, it, reason, **metadata)`, noted so that the end does not save twice."""
-        path = self._save(state, it, reason, **metadata)
+        try:
+            path = self._save(state, it, reason, **metadata)
+        except checkpoint.CheckpointWriteError as e:  # a full disk: one line naming the file and the last good one
+            raise SystemExit(f"error: {e}") from None
         self.saved_at = it
         self.say(f"saved {path} ({reason})")
         return path
@@ -118,29 +129,32 @@ class Loop:
                 state, metrics = step(state, it)
                 it += 1
                 self.observer.after_step(it, state)
-                self._after_step(it, metrics)
-                if self.agree(self.stop.requested, it % self.log_interval == 0):
+                self._after_step(it, metrics, state)
+                if self.agree(self.stop.requested, it):
                     self.save(state, it, "signal")
+                    self.stop.finishing()  # a late signal now says everything is saved
                     raise SystemExit(0)
         finally:
             if self.bar is not None:
                 self.bar.close()
                 self.bar = None
+        self._check_the_last_steps(it)
         if save_at_end and self.saved_at != it:
             self.save(state, it, "end")
         self.stop.finishing()
         return state
 
-    def _after_step(self, it: int, metrics: dict[str, Any]) -> None:
+    def _after_step(self, it: int, metrics: dict[str, Any], state: PyTree) -> None:
         self._pending.append(metrics)
         self._window_steps += 1
         if self.bar is not None:
             self.bar.update(1)
         if not self._compiled:  # keep compilation out of the first window's timing
-            jax.block_until_ready(metrics["loss"])
+            jax.block_until_ready((state, metrics))
             self.say(f"compiled and ran the first step in {time.perf_counter() - self._window_start:.1f} s")
             self._compiled, self._window_start, self._window_steps = True, time.perf_counter(), 0
         if it % self.log_interval == 0:
+            jax.block_until_ready(state)  # time the steps that ran, not the ones dispatched
             self._log_row(it)
 
     def _log_row(self, it: int) -> None:
@@ -149,14 +163,15 @@ class Loop:
         pending = jax.device_get(self._pending)
         pending = jax.tree.map(lambda x: x.item() if getattr(x, "shape", None) == () else x, pending)
         self._pending = []
-        seconds = (time.perf_counter() - self._window_start) / max(self._window_steps, 1)
+        steps, seconds = self._window_steps, time.perf_counter() - self._window_start
         self._window_start, self._window_steps = time.perf_counter(), 0
         last = pending[-1]
         row = {"iter": it, **{name: last[key] for key, name in STEP_METRICS.items() if key in last}}
         row["skipped"] = sum(bool(m["skipped"]) for m in pending)
-        row["ms_per_iter"] = seconds * 1e3
         row.update({k: v for k, v in last.items() if k not in STEP_METRICS and k != "skipped" and _is_scalar(v)})
-        row.update(self.rates(seconds))
+        if steps:  # none when the only step since the last row was the first (its time is on its own line)
+            row["ms_per_iter"] = seconds / steps * 1e3
+            row.update(self.rates(seconds / steps))
         self.write(**row)
         shown = ", ".join(_show(k, v) for k, v in row.items() if k not in ("iter", "grad_norm", "loss_scale"))
         if self.bar is not None:
@@ -169,19 +184,37 @@ class Loop:
         for m in pending:
             bad = bool(m["skipped"]) or not math.isfinite(float(m["loss"]))
             self._bad = self._bad + 1 if bad else 0
+            self._good += not bad
         if self._bad == 0:
             self._warned = False
             return
-        what = (f"the last {self._bad} steps (to iter {it}) had a non-finite loss or gradients and were skipped "
-                f"(loss scale {loss_scale:g})")  # fmt: skip
+        what = (
+            f"the last {self._bad} steps (to iter {it}) had a non-finite loss or gradients and were skipped "
+            f"(loss scale {loss_scale:g})"
+        )
         if 0 < self.max_bad_steps <= self._bad:
-            newest = "nothing saved yet" if self.saved_at is None else f"the newest checkpoint is iter {self.saved_at}"
-            raise SystemExit(f"error: {what}: the run diverged. Stopped without saving ({newest}); lower "
-                             f"--learning_rate, clip gradients, or train in bfloat16 or float32")  # fmt: skip
+            self._fail(f"{what}: the run diverged")
         if self._bad >= WARN_AFTER and not self._warned:
             self._warned = True
             limit = f"the run stops at {self.max_bad_steps}" if self.max_bad_steps else "max_bad_steps=0: never stops"
             self.say(f"warning: {what}; {limit}")
+
+    def _check_the_last_steps(self, it: int) -> None:
+        """The health check over the steps since the last row; a run that trained and skipped every step (a
+        float16 run diverged from its first step, say) has failed, however few steps it had."""
+        if self._pending:
+            pending = jax.device_get(self._pending)
+            self._pending = []
+            self._check_health(it, pending, float(pending[-1].get("loss_scale", 1.0)))
+        if it > self.start and self._good == 0:
+            self._fail(f"every one of the {it - self.start} steps of this run had a non-finite loss or gradients")
+
+    def _fail(self, what: str) -> None:
+        newest = "nothing saved yet" if self.saved_at is None else f"the newest checkpoint is iter {self.saved_at}"
+        raise SystemExit(
+            f"error: {what}. Stopped without saving ({newest}); lower --learning_rate, clip gradients, or train "
+            "in bfloat16 or float32"
+        )
 
     def plot(self, title: str) -> Path | None:
         """loss.png from metrics.jsonl, or a line saying why it was skipped (main process only)."""

@@ -48,15 +48,33 @@ def profile_window(spec: str) -> tuple[int, int] | None:
     return window
 
 
+def traced_in_the_run(settings: Any) -> None:
+    """`--profile=START:STOP` within a run of `max_iters` steps (a program that has one): iterations past the
+    last are never reached, so such a window would trace part of what was asked for, or nothing."""
+    window, last = profile_window(settings.profile), getattr(settings, "max_iters", None)
+    if window and last is not None and window[1] > last:
+        raise ValueError(
+            f"the run ends at max_iters={last}, before iteration STOP={window[1]}; give a window within 0:{last}"
+        )
+
+
 @dataclass(frozen=True)
 class RunSettings:
     """The settings of every program that runs the shared loop (its config inherits them); `--help` lists them
     after the program's own."""
 
-    compile_cache: str = setting("auto", "the persistent compilation cache's directory; 'auto': "
-                                 "$JAX_COMPILATION_CACHE_DIR, else ~/.cache/purejax/jax; 'off': none")  # fmt: skip
-    profile: str = setting("", "START:STOP: a jax.profiler trace of those iterations in out_dir/profile ('': none)",
-                           check=profile_window)  # fmt: skip
+    compile_cache: str = setting(
+        "auto",
+        "the persistent compilation cache's directory; 'auto': $JAX_COMPILATION_CACHE_DIR, else "
+        "~/.cache/purejax/jax (off, with a warning, if it cannot be written); 'off': none",
+        check=compile_cache.resolve,
+    )
+    profile: str = setting(
+        "",
+        "START:STOP: a jax.profiler trace of those iterations (within the run) in out_dir/profile ('': none)",
+        check=profile_window,
+        agrees=traced_in_the_run,
+    )
     tensorboard: bool = setting(False, "also write the metrics as TensorBoard scalars to out_dir/tensorboard")
     wandb_log: bool = setting(False, "also log the metrics to Weights & Biases (nanoGPT's name)")
     wandb_project: str = setting("purejax", "the W&B project of the run")

@@ -31,7 +31,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from purejax import optim, parallel
-from purejax.parallel import context, distributed
+from purejax.parallel import context, distributed, preemption
 
 PyTree = Any
 CPU_DEVICES_FLAG = "--xla_force_host_platform_device_count"
@@ -167,18 +167,34 @@ class Devices:
         if self.num_processes > 1:
             multihost_utils.sync_global_devices(name)
 
-    def stop_requested(self, requested: bool, check_now: bool) -> bool:
-        """Whether to save and stop now, given this process's own `requested` (a SIGTERM it received).
-
-        Saving is a collective, so every process must stop at the same step: with several processes the
-        flags are compared (an all-gather) only when `check_now` is True on all of them alike (at log
-        intervals, where the loop blocks anyway; comparing every step would make the host wait for every
-        step). One process: `requested`, at once."""
+    def stop_agreement(self) -> Callable[[bool, int], bool]:
+        """The loop's `agree(requested, it)`: whether to save and stop after iteration `it`, given this
+        process's own `requested`. One process: `requested` itself; several: a `StopAgreement`."""
         if self.num_processes == 1:
-            return requested
-        if not check_now:
-            return False
-        return bool(np.any(multihost_utils.process_allgather(np.asarray(requested))))
+            return lambda requested, it: requested
+        return StopAgreement()
+
+
+class StopAgreement:
+    """Where the processes of one run stop together. Saving is a collective, so every process must stop
+    after the same step, whichever of them got the notice: a pod's preemption reaches one host, `scancel`
+    or the launcher all of them.
+
+    A SIGTERM goes to JAX's preemption notifier, which `jax.distributed.initialize` installs in place of
+    Python's handler; a SIGINT, which Python's handler sees (`requested`), is handed to it once
+    (`preemption.notify`). The notifier tells the coordination service, the processes agree on a step a
+    little ahead of the furthest one, and each sees True when it gets there (`preemption.reached_sync_point`,
+    asked after every step; purejax/parallel/preemption.py): no collective in between, and no wait for the
+    device."""
+
+    def __init__(self):
+        self.notified = False
+
+    def __call__(self, requested: bool, it: int) -> bool:
+        if requested and not self.notified:
+            self.notified = True
+            preemption.notify()
+        return preemption.reached_sync_point(it)
 
 
 def start_devices(cfg: Any) -> Devices:

@@ -1,10 +1,11 @@
 """One of two processes of a real multi-process run (jax.distributed over local TCP, 2 CPU devices each,
-cross-process collectives by gloo). Both save one tree whose arrays span the two processes, restore it, and
-save into a missing directory; prints "ok" at the end.
+cross-process collectives by gloo). Both save one tree whose arrays span the two processes, restore it, save
+into a missing directory and onto a disk that is full on process 0; prints "ok" at the end.
 
     python multiprocess_child.py PROCESS_ID PORT DIR
 """
 
+import errno
 import os
 import sys
 
@@ -17,6 +18,7 @@ from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
 from purejax import checkpoint
+from purejax.checkpoint import fast_write
 
 
 def main(process_id: int, port: int, directory: str) -> None:
@@ -60,6 +62,20 @@ def main(process_id: int, port: int, directory: str) -> None:
         assert process_id == 0
     except RuntimeError as e:
         assert process_id == 1 and "process 0 failed to write" in str(e), e
+
+    # Process 0's disk is full: every process raises CheckpointWriteError (process 0's names the space left).
+    def full(fd, data, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if process_id == 0:
+        fast_write._write_at = full
+    try:
+        checkpoint.save(path, tree, step=6)
+        raise AssertionError("saving onto a full disk did not fail")
+    except checkpoint.CheckpointWriteError as e:
+        assert e.errno == errno.ENOSPC and e.needed == os.path.getsize(path), e  # step 6's file is step 5's size
+        assert (e.free is not None) == (process_id == 0) and "intact" in str(e), e
+    assert checkpoint.read_metadata(path).step == 5
     print("ok")
 
 

@@ -3,6 +3,12 @@
     python peak_memory.py save FILE MB CHUNK_BYTES     create MB of jax arrays, then save them to FILE
     python peak_memory.py restore FILE like|numpy      restore FILE into a jax template, or as numpy
 
+And what a large header costs to read (docs/benchmarks.md, "A large header"), by hand:
+
+    python peak_memory.py many-leaves FILE N           save N tiny leaves (N/2 blocks of two) to FILE
+    python peak_memory.py empty-lists FILE N           write a valid checkpoint whose metadata is N empty lists
+    python peak_memory.py read FILE metadata|restore   the seconds and peak RSS of reading FILE
+
 The baseline is the peak RSS after the data exists and after a small warm-up save or restore (imports,
 thread pool), so the figure is what the large call itself added. A fresh process per measurement, because
 `ru_maxrss` only ever grows.
@@ -11,9 +17,12 @@ thread pool), so the figure is what the large call itself added. A fresh process
 import json
 import resource
 import sys
+import time
+import zlib
 
 import jax
 import jax.numpy as jnp
+import msgpack
 import numpy as np
 
 from purejax import checkpoint
@@ -45,5 +54,36 @@ def main(mode: str, path: str, *args: str) -> dict:
     return result
 
 
+def many_leaves(path: str, n: str) -> dict:
+    blocks = [{"attention_weight": np.zeros(1, np.float32), "bias_term": np.zeros(2)} for _ in range(int(n) // 2)]
+    checkpoint.save(path, {"blocks": blocks})
+    return {"header": checkpoint.read_metadata(path).leaves[0].offset - 31}
+
+
+def empty_lists(path: str, n: str) -> dict:
+    """One float32[1] leaf; the metadata `{"x": [[], [], ...]}` spliced into the header as msgpack bytes."""
+    crc = zlib.crc32(bytes(4)).to_bytes(4, "little")
+    leaf = {"path": "w", "dtype": "float32", "shape": [1], "nbytes": 4, "crc32": crc, "key_impl": None}
+    tree = {"kind": "dict", "keys": ["w"], "children": [{"kind": "leaf", "index": 0}]}
+    fixed = {"purejax_version": "0", "created": "", "step": 1, "config": None, "byte_order": "little"}
+    raw = msgpack.packb({**fixed, "chunk_bytes": 64, "metadata": {"x": 0}, "tree": tree, "leaves": [leaf]})
+    raw = raw.replace(msgpack.packb({"x": 0}), b"\x81\xa1x\xdd" + int(n).to_bytes(4, "big") + b"\x90" * int(n))
+    preamble = b"\x94\xb2purejax.checkpoint\x01\xce" + len(raw).to_bytes(4, "big") + b"\xce"
+    with open(path, "wb") as f:
+        f.write(preamble + zlib.crc32(raw).to_bytes(4, "big") + raw + b"\xc6\x00\x00\x00\x04" + bytes(4))
+    return {"header": len(raw)}
+
+
+def read(path: str, how: str) -> dict:
+    before, start = peak_bytes(), time.perf_counter()
+    try:
+        (checkpoint.read_metadata if how == "metadata" else checkpoint.restore)(path)
+        outcome = "read"
+    except checkpoint.CheckpointError as e:
+        outcome = f"refused: {e.problem[:60]}..."
+    return {"seconds": round(time.perf_counter() - start, 2), "extra": peak_bytes() - before, "outcome": outcome}
+
+
 if __name__ == "__main__":
-    print(json.dumps(main(*sys.argv[1:])))
+    commands = {"many-leaves": many_leaves, "empty-lists": empty_lists, "read": read}
+    print(json.dumps(commands.get(sys.argv[1], lambda *args: main(sys.argv[1], *args))(*sys.argv[2:])))

@@ -1,5 +1,6 @@
 """save: atomic replacement, the fsync protocol, bounded memory, and clear errors for what cannot be stored."""
 
+import errno
 import os
 import socket
 import stat
@@ -42,10 +43,18 @@ def test_a_failing_save_keeps_the_old_file_and_removes_its_temporary(tmp_path, m
 
     monkeypatch.setattr(fast_write, "_write_at", failing_write)
     monkeypatch.setattr(fast_write, "_PIECE_BYTES", 64)  # 100-byte records: written in pieces, checksummed on threads
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(checkpoint.CheckpointWriteError) as caught:
         checkpoint.save(path, {"w": np.ones(1000)}, step=2, chunk_bytes=100)
     assert os.listdir(tmp_path) == ["ckpt.msgpack"]
     assert checkpoint.read_metadata(path).step == 1
+    # One line naming the file, the bytes it needs (the size the file has when the disk is not full) and the
+    # bytes left; still an OSError with the kernel's errno for code that catches those.
+    monkeypatch.undo()
+    error, written = caught.value, checkpoint.save(tmp_path / "other", {"w": np.ones(1000)}, step=2, chunk_bytes=100)
+    assert isinstance(error, OSError) and error.errno == errno.ENOSPC and error.path == path
+    assert error.needed == written.stat().st_size and error.free is not None
+    space = f"it needs {error.needed:,} bytes, {error.free:,} are free"
+    assert str(error) == f"cannot write checkpoint {path}: the disk is full: {space}; the file there before is intact"
 
 
 def test_file_is_fsynced_before_the_rename_and_the_directory_after(tmp_path, monkeypatch):

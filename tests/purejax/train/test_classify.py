@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from purejax import checkpoint, tree
-from purejax.train import classify, run
+from purejax.train import classify, signals
 from purejax.train import loop as loop_lib
 from purejax.train.data import images as images_lib
 
@@ -32,12 +32,12 @@ def sigterm_after(monkeypatch):
     """`sigterm_after(steps)`: a real SIGTERM to this process after that many training steps, as a preemption
     notice mid-epoch would come. Once a signal has come, the programs leave their handlers installed (so that
     a late one never shows a traceback); pytest's own come back at the end of the test."""
-    saved = {s: signal.getsignal(s) for s in run.StopSignal.SIGNALS}
+    saved = {s: signal.getsignal(s) for s in signals.SIGNALS}
     after_step = loop_lib.Loop._after_step
 
     def arm(steps: int) -> None:
-        def after_step_then_signal(self, it, metrics):
-            after_step(self, it, metrics)
+        def after_step_then_signal(self, it, metrics, state):
+            after_step(self, it, metrics, state)
             if it == steps:
                 os.kill(os.getpid(), signal.SIGTERM)
 

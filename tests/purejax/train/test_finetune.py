@@ -99,7 +99,8 @@ def test_resume_is_bit_for_bit(finetuned, tmp_path, monkeypatch):
     monkeypatch.chdir(root)
     (tmp_path / "out").mkdir()
     shutil.copy(root / "out" / "ckpt_00000050.msgpack", tmp_path / "out")
-    resumed = finetune.main(["--init_from=resume", f"--out_dir={tmp_path / 'out'}", "--num_samples=0"])
+    # --merge_into= : the first run's merged directory exists now, and a merge goes to a new or empty one
+    resumed = finetune.main(["--init_from=resume", f"--out_dir={tmp_path / 'out'}", "--num_samples=0", "--merge_into="])
     assert resumed["base_val_loss"] == straight["base_val_loss"] and resumed["val_loss"] == straight["val_loss"]
     a, _ = checkpoint.restore(root / "out" / "ckpt_00000100.msgpack")
     b, _ = checkpoint.restore(tmp_path / "out" / "ckpt_00000100.msgpack")
@@ -118,6 +119,17 @@ def test_bad_settings_fail_before_training(finetuned, base_dir, texts, tmp_path,
         run(tmp_path / "y", base_dir, texts[1], "--lora_targets=blocks.attn.nothing.w", "--max_iters=1")
     with pytest.raises(SystemExit, match="lora_targets"):
         finetune.parse(["--lora_targets=,"])
+    # Checked against the base and the disk before training: these failed after it, or wrote a 716 MB file.
+    (tmp_path / "file").write_text("")
+    refusals = [
+        ("--lora_rank=33", r"--lora_rank=33 exceeds the width of blocks.attn.qkv.w \(32 x 96\)"),
+        (f"--merge_into={tmp_path / 'file'}", "is a file"),
+        (f"--merge_into={root / 'merged'}", "already holds config.json"),
+    ]
+    for setting, message in refusals:
+        with pytest.raises(SystemExit, match=message):
+            run(tmp_path / "z", base_dir, texts[1], setting, "--max_iters=1")
+        assert not list((tmp_path / "z").glob("ckpt_*"))
     with pytest.raises(SystemExit, match="lora_rank: checkpoint has 8, override says 4"):
         finetune.main(["--init_from=resume", f"--out_dir={root / 'out'}", "--lora_rank=4"])
     with pytest.raises(SystemExit, match=r"not the model the checkpoint's adapters were trained on \(n_embd: 32 then"):

@@ -1,22 +1,18 @@
 """The loop every training program shares (`purejax.train.loop`) and what runs around it (`purejax.train.run`),
 with a stand-in step so that nothing compiles: the cadence of evaluations and saves, the rows of metrics.jsonl
-(strict JSON), plain lines where there is no terminal, the divergence watch, and the stop signals in each phase
-of a program (in child processes, where a real signal can be sent)."""
+(strict JSON, honest timings, no row twice after a resume), plain lines where there is no terminal, and the
+divergence watch. The signals themselves are tests/purejax/train/test_signals.py."""
 
 import json
 import math
-import os
-import signal
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import jax.numpy as jnp
 import pytest
 
 from purejax.train import loop as loop_lib
-from purejax.train import run
+from purejax.train import run, signals
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -38,7 +34,7 @@ def fake_step(losses: dict[int, float] | None = None):
 def make_loop(tmp_path, saves, **kwargs):
     settings = dict(start=0, total=10, log_interval=5, progress=True, max_bad_steps=0)
     save = lambda state, it, reason, **meta: saves.append((it, reason, state, meta)) or tmp_path / f"{it}"  # noqa: E731
-    return loop_lib.Loop(tmp_path, run.StopSignal(), save, **{**settings, **kwargs})
+    return loop_lib.Loop(tmp_path, signals.StopSignal(), save, **{**settings, **kwargs})
 
 
 def strict_rows(path: Path) -> list[dict]:
@@ -120,58 +116,59 @@ def test_no_bar_without_a_terminal_or_tqdm(monkeypatch):
     assert run.live_bar(10) is None and run.live_bar(10, enabled=False) is None
 
 
-def test_two_deliveries_of_one_signal_count_once():
-    stop = run.StopSignal()
-    stop.training()
-    stop._handle(signal.SIGTERM, None)
-    stop._handle(signal.SIGINT, None)  # within SAME_NOTICE: the same notice, forwarded by a launcher
-    assert stop.requested
+def test_a_row_whose_window_holds_only_the_first_step_has_no_timing(tmp_path):
+    """The first step (compilation) is timed on its own line; a row right after it has no steps to time, and
+    an empty window once gave a near-zero ms/iter and an impossible MFU."""
+    rates = lambda seconds: {"mfu": 0.5 / seconds}  # noqa: E731
+    make_loop(tmp_path, [], total=3, log_interval=1, rates=rates).run(0, fake_step())
+    rows = strict_rows(tmp_path / "metrics.jsonl")
+    assert "ms_per_iter" not in rows[0] and "mfu" not in rows[0]
+    assert all(r["ms_per_iter"] > 0 and r["mfu"] == pytest.approx(500 / r["ms_per_iter"]) for r in rows[1:])
 
 
-def script(body: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    """Run `body` in a fresh Python (so real signals can be sent) with `run`, `os`, `signal`, `time` imported."""
-    code = "import os, signal, time\nfrom purejax.train import run\n" + textwrap.dedent(body)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+def test_a_resumed_run_drops_the_rows_logged_after_its_checkpoint(tmp_path):
+    make_loop(tmp_path, [], total=10, log_interval=2).run(0, fake_step())  # killed after iter 10, say
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"iter": 11, "lo')  # and while appending a row
+    make_loop(tmp_path, [], start=6, total=10, log_interval=2, resumed=True).run(6, fake_step())  # ckpt at 6
+    assert [r["iter"] for r in strict_rows(tmp_path / "metrics.jsonl")] == [2, 4, 6, 8, 10]
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_while_starting_up_exits_at_once_without_a_traceback(signum):
-    done = script(f"""
-        with run.StopSignal():
-            os.kill(os.getpid(), {int(signum)})
-            time.sleep(5)
-        print("not reached")
-    """)
-    assert done.returncode == 128 + signum, done
-    assert f"{signal.Signals(signum).name}: nothing trained yet; exiting" in done.stderr
-    assert "Traceback" not in done.stderr and "not reached" not in done.stdout
+def test_a_run_that_skipped_every_step_fails_however_few_steps_it_had(tmp_path):
+    saves = []
+    loop = make_loop(tmp_path, saves, total=3, log_interval=5, max_bad_steps=100)  # fewer than max_bad_steps
+    with pytest.raises(SystemExit) as e:
+        loop.run(0, fake_step({i: math.inf for i in range(3)}))
+    assert "every one of the 3 steps of this run had a non-finite loss" in str(e.value) and saves == []
 
 
-def test_a_second_signal_exits_at_once_and_a_late_one_never_shows_a_traceback():
-    done = script("""
-        import atexit
-        with run.StopSignal() as stop:
-            stop.training()
-            os.kill(os.getpid(), signal.SIGINT)
-            os.kill(os.getpid(), signal.SIGINT)  # the same notice twice: counted once
-            assert stop.requested
-            print("saving", flush=True)
-        # exiting after the save: a second Ctrl-C during interpreter exit
-        atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(5)))
-        raise SystemExit(0)
-    """)
-    assert done.returncode == 128 + signal.SIGINT, done
-    assert "saving" in done.stdout and "SIGINT again: exiting now, without saving" in done.stderr
-    assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr
+def test_a_run_with_a_good_step_among_skipped_ones_ends_normally(tmp_path):
+    saves = []
+    make_loop(tmp_path, saves, total=3, log_interval=5, max_bad_steps=100).run(0, fake_step({0: math.inf}))
+    assert [(it, reason) for it, reason, *_ in saves] == [(3, "end")]
 
 
-def test_a_signal_after_the_last_save_exits_0():
-    done = script("""
-        with run.StopSignal() as stop:
-            stop.training()
-            stop.finishing()
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(5)
-    """)
-    assert done.returncode == 0 and "everything is saved; exiting" in done.stderr, done
+def test_the_loop_asks_every_step_whether_the_processes_agree_to_stop(tmp_path):
+    asked, saves = [], []
+    agree = lambda requested, it: asked.append(it) or it == 4  # noqa: E731 - as the processes' sync point would
+    with pytest.raises(SystemExit) as e:
+        make_loop(tmp_path, saves, agree=agree).run(0, fake_step())
+    assert asked == [1, 2, 3, 4] and e.value.code == 0 and [(it, r) for it, r, *_ in saves] == [(4, "signal")]
+
+
+def test_a_full_disk_ends_the_run_with_one_line_naming_the_last_good_checkpoint(tmp_path):
+    from purejax import checkpoint
+
+    def save(state, it, reason, **meta):
+        raise checkpoint.CheckpointWriteError(
+            tmp_path / "ckpt_10", 28, needed=2_000, free=100, kept="the last good checkpoint is ckpt_5", last_good="5"
+        )
+
+    settings = dict(start=0, total=10, log_interval=5, progress=False, max_bad_steps=0)
+    loop = loop_lib.Loop(tmp_path, signals.StopSignal(), save, **settings)
+    with pytest.raises(SystemExit) as e:
+        loop.run(0, fake_step())
+    assert str(e.value) == (
+        f"error: cannot write checkpoint {tmp_path / 'ckpt_10'}: the disk is full: it needs 2,000 bytes, 100 are "
+        "free; the last good checkpoint is ckpt_5"
+    )
