@@ -36,7 +36,7 @@ from purejax import checkpoint, losses, optim
 from purejax import tree as tree_lib
 from purejax.models import mobilenet
 from purejax.train import config as config_lib
-from purejax.train import observe, resume, run
+from purejax.train import confusion, observe, resume, run
 from purejax.train.config import setting
 from purejax.train.data import images as images_lib
 from purejax.train.loop import Loop
@@ -154,44 +154,6 @@ def predict(params, model_state, x: np.ndarray, model: mobilenet.MobileNetConfig
                            for i in range(0, len(x), EVAL_BATCH)])  # fmt: skip
 
 
-def confusion_matrix(labels: np.ndarray, predicted: np.ndarray, num_classes: int) -> np.ndarray:
-    """counts[true, predicted]."""
-    counts = np.zeros((num_classes, num_classes), np.int64)
-    np.add.at(counts, (labels, predicted), 1)
-    return counts
-
-
-def format_confusion(counts: np.ndarray) -> str:
-    """Per-class accuracy and the confusion matrix as text (rows: true class, columns: predicted)."""
-    n = len(counts)
-    lines = ["class  accuracy   " + " ".join(f"{j:>4d}" for j in range(n))]
-    for i in range(n):
-        accuracy = counts[i, i] / max(1, counts[i].sum())
-        lines.append(f"{i:>5d}  {accuracy:>8.1%}   " + " ".join(f"{c:>4d}" for c in counts[i]))
-    return "\n".join(lines)
-
-
-def plot_confusion(counts: np.ndarray, png: Path, title: str) -> Path | None:
-    """The confusion matrix as a small PNG; None when matplotlib is missing."""
-    plt = run.pyplot()
-    if plt is None:
-        return None
-    fig, ax = plt.subplots(figsize=(4, 3.6))
-    ax.imshow(np.log1p(counts), cmap="Blues")
-    for (i, j), c in np.ndenumerate(counts):
-        if c:
-            ax.text(j, i, str(c), ha="center", va="center", fontsize=7, color="white" if i == j else "black")
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("true")
-    ax.set_xticks(range(len(counts)))
-    ax.set_yticks(range(len(counts)))
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(png, dpi=80)
-    plt.close(fig)
-    return png
-
-
 # ---------------------------------------------------------------- the program
 
 
@@ -292,12 +254,12 @@ def train(cfg: ClassifyConfig, model: mobilenet.MobileNetConfig, data: images_li
                 resumed=resumed is not None, observer=observer)  # fmt: skip
     state = loop.run(state, step, after_epoch)
     accuracy, test_loss, predicted = evaluate(state)
-    counts = confusion_matrix(data.test_labels, predicted, data.num_classes)
+    counts = confusion.matrix(data.test_labels, predicted, data.num_classes)
     loop.say(f"test accuracy {accuracy:.2%} ({int(np.trace(counts))}/{len(predicted)}), best {max(best, accuracy):.2%}")
-    loop.say(format_confusion(counts))
+    loop.say(confusion.format_text(counts))
     loop.plot(f"MobileNet{model.version.upper()} on {cfg.dataset}")
     title = f"MobileNet{model.version.upper()} on {cfg.dataset}: {accuracy:.1%} test accuracy"
-    png = plot_confusion(counts, loop.out_dir / "confusion.png", title)
+    png = confusion.plot(counts, loop.out_dir / "confusion.png", title)
     loop.say(f"confusion matrix: {png}" if png else f"confusion.png skipped: {run.NO_MATPLOTLIB}")
     return {"step": int(state.step), "test_accuracy": accuracy, "test_loss": test_loss, "confusion": counts}
 

@@ -187,25 +187,6 @@ def make_sampler(model: dit.DiTConfig, n_steps: int):
     return jax.jit(lambda params, key, y, guidance: jnp.clip((sample(params, key, y, guidance=guidance) + 1) / 2, 0, 1))
 
 
-def save_grid(images: np.ndarray, path: Path, title: str) -> Path | None:
-    """Images (rows * cols, h, w, 1), row-major, as one PNG grid; None without matplotlib."""
-    plt = run.pyplot()
-    if plt is None:
-        return None
-    images = np.pad(images[..., 0], ((0, 0), (1, 1), (1, 1)))  # a blank pixel around each image
-    n, h, w = images.shape
-    rows = cols = int(np.sqrt(n))
-    grid = images[: rows * cols].reshape(rows, cols, h, w).transpose(0, 2, 1, 3).reshape(rows * h, cols * w)
-    fig, ax = plt.subplots(figsize=(4, 4.2))
-    ax.imshow(grid, cmap="gray_r", vmin=0, vmax=1, interpolation="nearest")
-    ax.set_title(title, fontsize=8)
-    ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
 def load_data(cfg: TrainConfig, saved: dict | None) -> tuple[images_lib.ImageSplits, dit.DiTConfig, dict]:
     """(the images, the model for them, their fingerprint), checked against the checkpoint's when resuming."""
     try:
@@ -270,7 +251,8 @@ def train(loop: Loop, state: optim.TrainState, cfg: TrainConfig, model: dit.DiTC
     def sample_grid(state: optim.TrainState, it: int) -> Path | None:
         key = jax.random.key(cfg.seed + 1)
         images = np.asarray(sampler(ema.value(state.ema), key, grid_labels, cfg.sample_guidance))
-        return save_grid(images, loop.out_dir / f"samples_{it:06d}.png", f"iter {it}, guidance {cfg.sample_guidance:g}")
+        title = f"iter {it}, guidance {cfg.sample_guidance:g}"
+        return run.save_grid(images, loop.out_dir / f"samples_{it:06d}.png", title)
 
     def due(state: optim.TrainState, it: int) -> None:  # after a step: never at the start
         if it != loop.start and it % cfg.checkpoint_interval == 0:

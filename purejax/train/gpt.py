@@ -247,9 +247,8 @@ def train(
             loop.save(state, it, "eval")
 
     def rates(seconds_per_iter: float) -> dict[str, float]:
-        tokens_per_s = tokens_per_iter / seconds_per_iter
-        mfu = {"mfu": gpt.estimate_mfu(model, tokens_per_s, peak)} if peak else {}
-        return {"tokens_per_s": tokens_per_s, **mfu}
+        tokens = {"tokens_per_s": tokens_per_iter / seconds_per_iter}
+        return {**tokens, "mfu": gpt.estimate_mfu(model, tokens["tokens_per_s"], peak)} if peak else tokens
 
     loop = Loop(manager.directory, stop, save, start=start, total=start if cfg.eval_only else cfg.max_iters,
                 log_interval=cfg.log_interval, progress=cfg.progress, max_bad_steps=cfg.max_bad_steps,

@@ -1,6 +1,6 @@
 """What every training program needs around its loop: checking the output directory, a progress bar, a
-metrics log, a loss-curve plot, and the accelerator's peak for MFU. The loop itself is `purejax.train.loop`;
-stopping on SIGTERM/SIGINT is `purejax.train.signals`."""
+metrics log, a loss-curve plot, a grid of sample images, and the accelerator's peak for MFU. The loop itself
+is `purejax.train.loop`; stopping on SIGTERM/SIGINT is `purejax.train.signals`."""
 
 import json
 import math
@@ -119,6 +119,25 @@ def plot_losses(log: MetricsLog, png: str | os.PathLike, title: str = "loss") ->
     fig.savefig(png, dpi=100)
     plt.close(fig)
     return Path(png)
+
+
+def save_grid(images: np.ndarray, path: Path, title: str) -> Path | None:
+    """Images (rows * cols, h, w, 1), row-major, as one PNG grid; None without matplotlib."""
+    plt = pyplot()
+    if plt is None:
+        return None
+    images = np.pad(images[..., 0], ((0, 0), (1, 1), (1, 1)))  # a blank pixel around each image
+    n, h, w = images.shape
+    rows = cols = int(np.sqrt(n))
+    grid = images[: rows * cols].reshape(rows, cols, h, w).transpose(0, 2, 1, 3).reshape(rows * h, cols * w)
+    fig, ax = plt.subplots(figsize=(4, 4.2))
+    ax.imshow(grid, cmap="gray_r", vmin=0, vmax=1, interpolation="nearest")
+    ax.set_title(title, fontsize=8)
+    ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 # Dense (no sparsity) bfloat16 peak FLOP/s by `jax.Device.device_kind`, first match wins: the vendors' data

@@ -79,7 +79,11 @@ def test_train_gpt_with_context_parallelism_equals_the_single_device_run(tmp_pat
               "--eval_interval=4", "--eval_iters=1", "--log_interval=4", "--batch_size=8", "--n_head=4"]  # fmt: skip
     finish(run_gpt([*common, "--out_dir=single"], tmp_path))
     finish(run_gpt([*common, "--out_dir=cp", "--dp=2", "--cp=2"], tmp_path))
-    assert_same_state(final_state(tmp_path / "cp", 4), final_state(tmp_path / "single", 4), "dp=2 x cp=2 at iter 4")
+    # atol: one weight with a near-zero gradient, which Adam scales up, differed by 4.0e-6 on an Intel Xeon (within
+    # 2e-6 on an AMD EPYC): still a fiftieth of a step, as the pipelined runs' bound
+    assert_same_state(
+        final_state(tmp_path / "cp", 4), final_state(tmp_path / "single", 4), "dp=2 x cp=2 at iter 4", atol=2e-5
+    )
 
 
 def test_train_config_refuses_what_the_ring_cannot_do():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from purejax import checkpoint, tree
-from purejax.train import classify, signals
+from purejax.train import classify, confusion, signals
 from purejax.train import loop as loop_lib
 from purejax.train.data import images as images_lib
 
@@ -97,9 +97,9 @@ def test_epoch_batches_are_a_function_of_seed_and_epoch():
 
 
 def test_confusion_matrix_and_per_class_accuracy():
-    counts = classify.confusion_matrix(np.array([0, 0, 1, 2, 2, 2]), np.array([0, 1, 1, 2, 2, 0]), 3)
+    counts = confusion.matrix(np.array([0, 0, 1, 2, 2, 2]), np.array([0, 1, 1, 2, 2, 0]), 3)
     np.testing.assert_array_equal(counts, [[1, 1, 0], [0, 1, 0], [1, 0, 2]])
-    text = classify.format_confusion(counts)
+    text = confusion.format_text(counts)
     assert "50.0%" in text and "100.0%" in text and "66.7%" in text
 
 
