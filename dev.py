@@ -4,7 +4,7 @@ Needs only python3 (3.11 or newer) with pip and venv. The first run creates `.ve
 installs the project with its extras into it; later runs reuse it, and reinstall only when `pyproject.toml`
 changes. Nothing outside `.venv/` is touched.
 
-    python3 dev.py demo [ARGS...]    train the default GPT, then sample from it (ARGS go to purejax.train.gpt)
+    python3 dev.py demo [ARGS...]    train the default GPT, then sample from it (ARGS go to train.gpt)
     python3 dev.py test [ARGS...]    run the whole test suite, a worker per core (ARGS go to pytest)
     python3 dev.py bench [NAME]      run a benchmark from bench/ (installs the bench extra)
     python3 dev.py docs [ARGS...]    build the documentation site into build/site/, strict (installs the docs extra)
@@ -48,10 +48,10 @@ def run(args: list[str]) -> int:
 
 
 def train_out_dir(args: list[str], python: str | Path = PYTHON) -> str | None:
-    """The out_dir that `purejax.train.gpt` with `args` trains into (the preset's unless --out_dir is given),
+    """The out_dir that `train.gpt` with `args` trains into (the preset's unless --out_dir is given),
     asked of the program's own parser, so that the demo samples from the model it just trained. None when the
     arguments are wrong (the parser has printed why)."""
-    code = "import sys; from purejax.train import gpt; print(gpt.parse(sys.argv[1:]).out_dir)"
+    code = "import sys; from train import gpt; print(gpt.parse(sys.argv[1:]).out_dir)"
     done = subprocess.run([str(python), "-c", code, *args], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     return done.stdout.strip() if done.returncode == 0 else None
 
@@ -59,11 +59,11 @@ def train_out_dir(args: list[str], python: str | Path = PYTHON) -> str | None:
 def demo(args: list[str]) -> int:
     """Train a GPT with `args`, then sample from the directory that run wrote."""
     if "--help" in args or "-h" in args:
-        return run(["-m", "purejax.train.gpt", *args])
+        return run(["-m", "train.gpt", *args])
     out_dir = train_out_dir(args)
     if out_dir is None:
         return 2
-    return run(["-m", "purejax.train.gpt", *args]) or run(["-m", "purejax.train.sample", f"--out_dir={out_dir}",
+    return run(["-m", "train.gpt", *args]) or run(["-m", "train.sample", f"--out_dir={out_dir}",
                                                            "--num_samples=1"])  # fmt: skip
 
 

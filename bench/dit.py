@@ -8,11 +8,11 @@ decay), float32. Both contenders start from the SAME weights (purejax's `dit.ini
 the NNX modules) and must report the same loss on the first two steps before anything is timed.
 
 Contenders:
-    purejax        purejax/models/dit.py + optim.train_step, blocks under lax.scan (as purejax/train/flow.py runs it)
+    purejax        models/dit.py + optim.train_step, blocks under lax.scan (as train/flow.py runs it)
     purejax-loop   the same with DiTConfig(layers="loop"): blocks unrolled
     nnx            Flax NNX modules (blocks in an nnx.List, a Python loop), optax, `nnx.jit`
 
-Configs: "digits" is purejax/train/flow.py's default model and batch (8x8x1 digits, patch 2, 4x96, batch 64);
+Configs: "digits" is train/flow.py's default model and batch (8x8x1 digits, patch 2, 4x96, batch 64);
 "ti16" is DiT-Ti/2 (4 layers, 128 wide) on 16x16x4 latents (64 tokens), batch 16.
 Times are medians of interleaved samples (bench/timing.py); a shared machine makes them noisy.
 """
@@ -28,8 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench.timing import interleaved_medians
+from models import dit
 from purejax import optim
-from purejax.models import dit
 from purejax.nn import attention
 
 CASES = {

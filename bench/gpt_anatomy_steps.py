@@ -20,10 +20,10 @@ from bench.gpt_train_nnx import nnx_model
 from bench.gpt_train_purejax import make_purejax
 from bench.gpt_train_recipe import TRAIN, xent
 from bench.timing import interleaved_medians
+from models import gpt
 from purejax import optim
-from purejax.models import gpt
 from purejax.precision import Policy
-from purejax.train import gpt as train_gpt
+from train import gpt as train_gpt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +118,7 @@ def make_purejax_unrolled(weights, config, x, y):
 
 
 def fused_adamw(cfg: train_gpt.TrainConfig) -> optim.GradientTransformation:
-    """purejax/train/gpt.py's AdamW (warmup-cosine rate, decay on `train_gpt.decays`) written as ONE tree_map over
+    """train/gpt.py's AdamW (warmup-cosine rate, decay on `train_gpt.decays`) written as ONE tree_map over
     (grad, mu, nu, param) instead of the chain adam -> weight decay -> learning rate: the comparison for
     "does chaining transforms cost anything once XLA has fused the step?"."""
     from purejax.optim.weight_decay import resolve_mask

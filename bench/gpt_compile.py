@@ -15,7 +15,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from purejax.models import gpt
+from models import gpt
 
 
 def compile_seconds(config: gpt.GPTConfig, batch: int = 8) -> tuple[float, float]:

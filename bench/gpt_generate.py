@@ -1,4 +1,4 @@
-"""Decoding speed of `purejax.models.gpt_decode.generate` against its roofline, against the decoding step it
+"""Decoding speed of `models.gpt_decode.generate` against its roofline, against the decoding step it
 replaced, and (with --recompute) against nanoGPT's way, which runs the whole context for every new token.
 
     python -m bench.gpt_generate [--block 256] [--prompt 16] [--batches 1 8] [--repeats 7] [--recompute]
@@ -36,8 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench import membw, timing
+from models import gpt, gpt_decode
 from purejax import tree as tree_lib
-from purejax.models import gpt, gpt_decode
 from purejax.nn import attention, embedding, layer_norm, linear, mlp, stack
 
 BUCKET = 32

@@ -16,7 +16,7 @@ timing the run checks that all of them report the same loss on the first step (t
 the second (after one identical update).
 
 Contenders (`--peers`, default all but raw-scan):
-    purejax        purejax/models/gpt.py + purejax.optim, built exactly as purejax/train/gpt.py builds its step,
+    purejax        models/gpt.py + purejax.optim, built exactly as train/gpt.py builds its step,
                    with GPTConfig's default `layers` (what a user gets)
     purejax-scan   the same with GPTConfig(layers="scan"): the blocks under lax.scan
     purejax-loop   the same with GPTConfig(layers="loop"): the blocks unrolled as a Python loop
@@ -37,7 +37,7 @@ ask `jax.nn.dot_product_attention` for cuDNN on a GPU (`causal_attention`) as pu
 
 For each config and contender: the median step time (interleaved samples, bench/timing.py), tokens/s, the
 time relative to purejax's, and MFU (nanoGPT's FLOPs-per-token estimate) as a fraction of the accelerator's
-dense bfloat16 peak (`purejax.train.run.PEAK_BF16_FLOPS`, by device kind) or, on a CPU, of this machine's
+dense bfloat16 peak (`train.run.PEAK_BF16_FLOPS`, by device kind) or, on a CPU, of this machine's
 measured float32 matmul rate (`bench.timing.measure_matmul_flops`). "first s" is the first call:
 tracing and compilation included. A markdown table is printed at the end.
 """
@@ -68,9 +68,9 @@ from bench.gpt_train_raw import make_raw
 from bench.gpt_train_torch import make_torch
 from bench.gpt_train_weights import initial_weights
 from bench.timing import interleaved_medians, measure_matmul_flops
-from purejax.models import gpt
+from models import gpt
 from purejax.precision import resolve_compute_dtype
-from purejax.train import run
+from train import run
 
 
 @dataclasses.dataclass(frozen=True)

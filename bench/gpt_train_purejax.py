@@ -1,5 +1,5 @@
 """The `purejax` contenders of bench/gpt_train.py (`purejax`, `purejax-scan`, `purejax-loop`): the step exactly as
-purejax/train/gpt.py builds it, which bench/gpt_anatomy.py also times in its variants.
+train/gpt.py builds it, which bench/gpt_anatomy.py also times in its variants.
 """
 
 import dataclasses
@@ -11,11 +11,11 @@ import jax.numpy as jnp
 from bench.gpt_train_recipe import GRAD_CLIP, TRAIN
 from purejax import optim
 from purejax.precision import Policy
-from purejax.train import gpt as train_gpt
+from train import gpt as train_gpt
 
 
 def make_purejax(weights, config, x, y, layers=None, *, optimizer=None, donate=True, dtype="float32"):
-    """The step of purejax/train/gpt.py: optim.train_step with make_optimizer and make_loss_fn, jitted, state donated.
+    """The step of train/gpt.py: optim.train_step with make_optimizer and make_loss_fn, jitted, state donated.
     `layers` None keeps `config.layers` (the `purejax` contender: GPTConfig's default); `optimizer` and `donate`
     let bench/gpt_anatomy.py time variants of the same step."""
     model = config if layers is None else dataclasses.replace(config, layers=layers)

@@ -10,14 +10,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from purejax.train import gpt as train_gpt
+from train import gpt as train_gpt
 
-TRAIN = train_gpt.TrainConfig()  # the optimizer settings of `python -m purejax.train.gpt`'s defaults
+TRAIN = train_gpt.TrainConfig()  # the optimizer settings of `python -m train.gpt`'s defaults
 GRAD_CLIP = 1.0
 
 
 def nanogpt_lr(it, xp=np):
-    """nanoGPT's get_lr(it) with purejax/train/gpt.py's defaults, for the peers that schedule by hand; `xp` is numpy
+    """nanoGPT's get_lr(it) with train/gpt.py's defaults, for the peers that schedule by hand; `xp` is numpy
     (torch's Python loop) or jax.numpy (inside a jitted step)."""
     lr, min_lr, warmup, decay = TRAIN.learning_rate, TRAIN.min_lr, TRAIN.warmup_iters, TRAIN.lr_decay_iters
     ratio = xp.clip((it - warmup) / (decay - warmup), 0.0, 1.0)

@@ -6,7 +6,7 @@ into their own modules (`raw_weights`, `layers_of`).
 import jax
 import numpy as np
 
-from purejax.models import gpt, gpt_hf
+from models import gpt, gpt_hf
 
 PERTURBATION = {"scale": 0.1, "bias": 0.5, "b": 0.5}  # std of the noise on LayerNorm scales and biases, linear biases
 

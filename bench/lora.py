@@ -32,9 +32,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from models import gpt
 from purejax import lora, optim
 from purejax import tree as tree_lib
-from purejax.models import gpt
 from purejax.precision import Policy, with_policy
 
 TARGETS = ("blocks.attn.qkv.w", "blocks.mlp.*.w")

@@ -8,7 +8,7 @@ model is built with the same layer names and copied from purejax's initial weigh
 both report the same loss on the first two steps before timing anything.
 
 Contenders:
-    purejax-xla     purejax/models/mobilenet.py, depthwise_impl="xla" (lax.conv_general_dilated, feature groups)
+    purejax-xla     models/mobilenet.py, depthwise_impl="xla" (lax.conv_general_dilated, feature groups)
     purejax-shifts  the same with depthwise_impl="shifts" (9 shifted slices; "auto" picks it on CPU)
     nnx             flax.nnx.Conv (feature_group_count for depthwise) + nnx.BatchNorm, nnx.Optimizer, nnx.jit
 Median step time from interleaved samples (bench/timing.py); "first s" includes tracing and compilation.
@@ -24,10 +24,10 @@ import numpy as np
 import optax
 
 from bench.timing import interleaved_medians
+from models import mobilenet
 from purejax import losses, optim
 from purejax import tree as tree_lib
-from purejax.models import mobilenet
-from purejax.train import classify
+from train import classify
 
 LR, WEIGHT_DECAY = 1e-3, 1e-4
 

@@ -3,7 +3,7 @@ computation written directly in jax.numpy, in one run.
 
     python -m bench.nn [--repeats 7] [--iters 50]
 
-Two models: the MLP classifier (purejax/models/mlp.py) and one pre-LayerNorm transformer block (layer_norm,
+Two models: the MLP classifier (models/mlp.py) and one pre-LayerNorm transformer block (layer_norm,
 attention, mlp). For each, the table gives the median time of a jitted value-and-grad step for purejax and
 for raw JAX, measured interleaved (A, B, A, B, ...) so machine noise hits both alike, their ratio, and
 whether XLA compiled the two into the same program (same instruction counts by opcode): when it did, any
@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench.timing import interleaved_medians
-from purejax.models import mlp
+from models import mlp
 from purejax.nn import attention, layer_norm
 from purejax.nn import mlp as mlp_layer
 

@@ -26,7 +26,7 @@ import optax
 from purejax import optim
 from purejax import tree as tree_lib
 
-# GPT-2 small as purejax/models/gpt.py lays it out: the 12 blocks' leaves stacked on a leading layer axis, the output
+# GPT-2 small as models/gpt.py lays it out: the 12 blocks' leaves stacked on a leading layer axis, the output
 # head tied to wte. Vocabulary 50257 (GPT-2's own, unpadded) makes the famous 124M.
 N_LAYER, D, VOCAB, BLOCK_SIZE = 12, 768, 50257, 1024
 SHAPES = {

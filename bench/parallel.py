@@ -12,7 +12,7 @@ the elements of each kind of collective one device executes per step (bench/para
 counts them). The "theory" column is the same quantity from the model's sizes: bench/parallel_theory.py's
 docstring gives the formulas, for these modes, for context parallelism (CP n on a 1 x n ring, DP x CP on a
 (dp, cp) mesh: ring attention's collective-permutes) and for pipeline parallelism (PP S,
-`pipeline.sharded_loss_and_grads`: the loss and the gradients, no optimizer step; S stages, M micro-batches).
+`gpt_pipeline.sharded_loss_and_grads`: the loss and the gradients, no optimizer step; S stages, M micro-batches).
 
 Memory per device, XLA's compiled memory analysis (`temp_size_in_bytes`, the temporaries: activations kept
 for the backward pass, scores, gradients in flight). CP: the loss and gradients of long sequences, which
@@ -49,9 +49,9 @@ from bench.parallel_cases import (
 )
 from bench.parallel_theory import theory
 from bench.timing import interleaved_medians
+from models import gpt
 from purejax import optim
 from purejax import tree as tree_lib
-from purejax.models import gpt
 
 CONFIG = gpt.GPTConfig(block_size=64, vocab_size=128, n_layer=4, n_head=8, n_embd=128, bias=True)
 BATCH = 16

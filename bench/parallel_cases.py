@@ -17,9 +17,9 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from bench.parallel_theory import context_theory, micro_batch_activation, pipeline_theory, theory
+from models import gpt, gpt_parallel, gpt_pipeline
 from purejax import optim, parallel
 from purejax import tree as tree_lib
-from purejax.models import gpt, gpt_parallel
 from purejax.parallel import context, pipeline, schedules
 from tests.purejax.parallel.hlo import executed_collectives
 
@@ -39,7 +39,7 @@ def make_batch(config: gpt.GPTConfig, batch: int):
 
 
 def single_step(config: gpt.GPTConfig, params, optimizer):
-    """The one-device step and its state, built as purejax/train/gpt.py builds it."""
+    """The one-device step and its state, built as train/gpt.py builds it."""
     step = jax.jit(partial(optim.train_step, optimizer=optimizer, max_grad_norm=1.0,
                            loss_fn=lambda p, b, k: (gpt.loss(p, b, config, key=k), {})))  # fmt: skip
     return step, optim.init_train_state(params, optimizer, jax.random.key(1))
@@ -110,7 +110,7 @@ def pipeline_rows(config: gpt.GPTConfig, batch_size: int, n_micro: int, cases) -
                              axis_types=(jax.sharding.AxisType.Auto,))  # fmt: skip
         table = schedules.SCHEDULES[name](n_stages, n_micro)
         placed = parallel.shard(params, pipeline.param_specs(params), mesh)
-        compiled = pipeline.sharded_loss_and_grads(mesh, config, table).lower(placed, batch).compile()
+        compiled = gpt_pipeline.sharded_loss_and_grads(mesh, config, table).lower(placed, batch).compile()
         rows.append({
             "mode": f"PP {n_stages} {name}", "mesh": f"{n_stages} stages, M={n_micro}",
             "got": collectives(compiled.as_text(), mesh.shape),

@@ -41,7 +41,7 @@ t = seq / n tokens and B_d = batch / dp rows per device, d_kv = n_kv_head x head
     all-reduce          P + 2                              every gradient summed over data and context, and
                                                            the loss's sum and count
 
-Pipeline parallelism (PP S, `pipeline.sharded_loss_and_grads`: the loss and the gradients, no optimizer step;
+Pipeline parallelism (PP S, `gpt_pipeline.sharded_loss_and_grads`: the loss and the gradients, no optimizer step;
 the blocks split over S stages, the batch into M micro-batches, a schedule of T = 2 (M + S - 1) steps):
 
     collective-permute  2 T ops of (B / M) seq d_model    every step one activation sent forward and one
@@ -55,9 +55,9 @@ from functools import partial
 import jax
 import numpy as np
 
+from models import gpt
 from purejax import parallel
 from purejax import tree as tree_lib
-from purejax.models import gpt
 from purejax.nn import moe
 
 

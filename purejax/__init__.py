@@ -5,8 +5,8 @@ over plain nested dicts of arrays. See docs/design.md for the contract and why.
 
 Every subpackage of the framework is an attribute after `import purejax` (`purejax.optim.adamw(...)`), imported
 on first use (PEP 562's module `__getattr__`), so `import purejax` itself loads nothing heavy. The reference
-models and training programs are not part of the framework and are imported by name:
-`from purejax.models import gpt`, `python -m purejax.train.gpt`.
+models (`models/`) and the training programs (`train/`) are not part of the framework: they sit beside it in a
+checkout and run from there (`from models import gpt`, `python -m train.gpt`); the wheel installs `purejax` alone.
 """
 
 import importlib
@@ -27,7 +27,7 @@ SUBPACKAGES = (
     "sampling",
     "tree",
 )
-_BY_NAME_ONLY = ("models", "train")  # the reference models and programs, outside the framework
+_OUTSIDE = ("models", "train")  # the reference models and the programs: top-level folders of a checkout
 
 __all__ = ["__version__", *SUBPACKAGES]
 
@@ -35,11 +35,11 @@ __all__ = ["__version__", *SUBPACKAGES]
 def __getattr__(name: str) -> Any:
     if name in SUBPACKAGES:
         return importlib.import_module(f"{__name__}.{name}")  # also sets the attribute: later lookups skip this
-    if name in _BY_NAME_ONLY:
+    if name in _OUTSIDE:
         raise AttributeError(
-            f"purejax.{name} is not loaded by `import purejax`: it holds the reference "
-            f"{'models' if name == 'models' else 'training programs'}, which the framework never imports; "
-            f"import it by name, e.g. `from purejax.{name} import {'gpt'}`"
+            f"purejax has no {name}: the reference {'models' if name == 'models' else 'training programs'} "
+            f"are the top-level `{name}` folder of a purejax checkout, outside the framework (which never "
+            f"imports them); from the checkout's root, `from {name} import gpt`"
         )
     raise AttributeError(f"module 'purejax' has no attribute {name!r}")
 

@@ -6,7 +6,7 @@ then a draw. Pure functions of arrays, jittable; a filter sets the logits it rem
 The order is the usual one (nanoGPT, Hugging Face): divide by the temperature, keep the top k, then keep the
 nucleus of the rest. Temperature 0 is greedy decoding (the arg-max), which every filter keeps.
 
-The language models' `generate` (purejax/models/gpt_decode.py, llama_decode.py) share what is not their model's:
+The language models' `generate` (models/gpt_decode.py, llama_decode.py) share what is not their model's:
 the argument checks (`check_generate`, `check_lengths`) and the loop that draws a token per row and feeds it
 back (`generate_loop`); each brings its own prefill and decoding step.
 """
@@ -73,7 +73,7 @@ def sample(
 
 def check_args(*, temperature=1.0, top_k=None, top_p=None) -> None:
     """Raise ValueError for a negative temperature, a top_k below 1 or a top_p outside (0, 1]. Values traced
-    under jit cannot be checked; call this outside jit first (as `purejax.models.gpt_decode.generate` does)."""
+    under jit cannot be checked; call this outside jit first (as `models.gpt_decode.generate` does)."""
     if _is_concrete(temperature) and not float(temperature) >= 0.0:  # `not >=` also rejects NaN
         raise ValueError(f"sample: temperature must be >= 0 (0 is greedy decoding), got {temperature}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):

@@ -1,5 +1,5 @@
-"""Test-session set-up: run-time shape and type checking of everything in `purejax` (its models and programs
-included), and a persistent compilation cache.
+"""Test-session set-up: run-time shape and type checking of everything in `purejax`, `models` and `train`,
+and a persistent compilation cache.
 
 jaxtyping's import hook decorates every annotated function in those packages with beartype as they are
 imported, so a wrong shape or dtype fails at the call with the argument's name. It must be installed before
@@ -28,7 +28,9 @@ os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 from jaxtyping import install_import_hook  # noqa: E402
 
-install_import_hook(["purejax"], "beartype.beartype(conf=beartype.BeartypeConf(is_pep484_tower=True))")
+install_import_hook(
+    ["purejax", "models", "train"], "beartype.beartype(conf=beartype.BeartypeConf(is_pep484_tower=True))"
+)
 
 # How `dev.py test` shares the suite between its pytest-xdist workers (`--dist loadfile`, made here by
 # `pytest_xdist_make_scheduler`): each test file is one unit of work, run whole on one worker, so a file's
@@ -39,10 +41,10 @@ install_import_hook(["purejax"], "beartype.beartype(conf=beartype.BeartypeConf(i
 # otherwise sort the units by their number of tests.
 RUN_FIRST = (
     "tests/purejax/parallel/test_pipeline.py",
-    "tests/purejax/train/test_gpt.py",
-    "tests/purejax/train/test_pipeline_train.py",
-    "tests/purejax/train/test_parallel.py",
-    "tests/purejax/models/test_gpt_sequence_parallel.py",
+    "tests/train/test_gpt.py",
+    "tests/train/test_pipeline_train.py",
+    "tests/train/test_parallel.py",
+    "tests/models/test_gpt_sequence_parallel.py",
     "tests/purejax/parallel/test_experts.py",
     "tests/bench/test_bench_parallel.py",
     "tests/test_docs.py",

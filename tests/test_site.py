@@ -13,14 +13,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
+PARTS = ("purejax", "models", "train")  # the framework, the reference models, the programs
 DIRECTIVE = re.compile(r"^::: ([\w.]+)[ \t]*$", re.MULTILINE)
 
 
 def public_modules() -> set[str]:
-    """Dotted names of purejax's modules and packages, less those whose name or folder starts with `_`
-    (private, and `__main__`, which only runs)."""
+    """Dotted names of the modules and packages of purejax, models and train, less those whose name or folder
+    starts with `_` (private, and `__main__`, which only runs)."""
     names = set()
-    for path in (ROOT / "purejax").rglob("*.py"):
+    for path in (p for top in PARTS for p in (ROOT / top).rglob("*.py")):
         parts = path.relative_to(ROOT).with_suffix("").parts
         if parts[-1] == "__init__":
             parts = parts[:-1]
@@ -49,7 +50,7 @@ def test_every_public_module_has_an_api_page():
         f"public modules with no API page: {missing}; add a `::: <module>` line to the docs/api/*.md page of its "
         f"package (or a new page, listed in mkdocs.yml's nav and docs/index.md)"
     )
-    assert {"purejax.optim.train_step", "purejax.nn.linear", "purejax.models.gpt"} <= set(documented)
+    assert {"purejax.optim.train_step", "purejax.nn.linear", "models.gpt"} <= set(documented)
 
 
 def test_api_pages_name_only_real_modules_once():
@@ -82,7 +83,7 @@ def test_docstrings_are_read_as_prose_and_arguments():
     or "Attributes:" is meant as one: anything else (`params: {...}` over several lines in a module docstring was
     a "Parameters" table) renders as something the author did not write."""
     griffe = pytest.importorskip("griffe", reason="griffe comes with the docs extra (python3 dev.py docs)")
-    package = griffe.load("purejax", search_paths=[str(ROOT)], docstring_parser="google")
+    packages = [griffe.load(name, search_paths=[str(ROOT)], docstring_parser="google") for name in PARTS]
 
     def walk(obj):
         yield obj
@@ -93,6 +94,7 @@ def test_docstrings_are_read_as_prose_and_arguments():
     misread = [
         f"{obj.relative_filepath}:{obj.docstring.lineno + 0} ({obj.path}): a {section.kind.value} section "
         f"titled {section.title!r}"
+        for package in packages
         for obj in walk(package)
         if obj.docstring
         for section in obj.docstring.parsed

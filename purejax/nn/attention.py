@@ -11,7 +11,7 @@ head, every head's head_dim features contiguous:
 Why not [all q | all k | all v] (nanoGPT's and Hugging Face's c_attn)? Under tensor parallelism the columns are
 split contiguously over devices, and only this layout hands every device whole groups: a query head with its
 own key and value head, so attention needs no communication. `qkv_permutation` converts between the two
-(purejax/models/gpt_hf.py uses it for GPT-2 files). n_kv_head < n_head is grouped-query attention (Ainslie et al.
+(models/gpt_hf.py uses it for GPT-2 files). n_kv_head < n_head is grouped-query attention (Ainslie et al.
 2023): query head h reads key/value head h // g; n_kv_head == 1 is multi-query attention (Shazeer 2019).
 
 Tensor parallelism (Megatron-LM, Shoeybi et al. 2019). `apply(..., axis_name="model")` inside `shard_map`

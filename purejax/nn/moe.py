@@ -29,8 +29,8 @@ experts. Dispatch and combine are a scatter and a gather by slot index, the same
 With `token_axes` (inside `shard_map`, the axes the tokens are split over) f, P and the counts are summed
 over them first: `aux` is the whole batch's, the same on every device. Capacity stays per device (GShard's
 groups): each device routes and drops its own tokens. With `expert_axis` the experts are split over that
-axis too (expert parallelism, purejax/parallel/experts.py): two all_to_alls move the slots to the devices
-holding their experts and back.
+axis too (expert parallelism, purejax/parallel/experts.py): two all_to_alls (`to_experts` and
+`from_experts`, below) move the slots to the devices holding their experts and back.
 """
 
 import math
@@ -44,7 +44,6 @@ from jaxtyping import Array, ArrayLike, Float, Integer, PRNGKeyArray
 from purejax import random as prandom
 from purejax.nn import activations, initializers, linear, mlp, stack
 from purejax.nn._check import check_dim, check_keys
-from purejax.parallel import experts as experts_lib
 
 Params = dict[str, Any]
 
@@ -166,9 +165,34 @@ def apply(
     routing, stats = route(params["router"], tokens, top_k=top_k, capacity=slots_per_expert, token_axes=token_axes)
     slots = dispatch(tokens, routing, n_experts, slots_per_expert)  # (E, C, d)
     if expert_axis is not None:
-        slots = experts_lib.to_experts(slots, expert_axis, params["experts"])  # (E / n, n * C, d)
+        slots = to_experts(slots, expert_axis, params["experts"])  # (E / n, n * C, d)
     run = lambda p, s: mlp.apply(p, s, activation=activation, axis_name=axis_name)  # noqa: E731
     out = jax.vmap(run)(params["experts"], slots)
     if expert_axis is not None:
-        out = experts_lib.from_experts(out, expert_axis)  # (E, C, d) again, this device's tokens' outputs
+        out = from_experts(out, expert_axis)  # (E, C, d) again, this device's tokens' outputs
     return combine(out, routing).reshape(x.shape), stats
+
+
+def to_experts(
+    slots: Float[Array, "n_experts capacity d_model"], axis_name: str, experts: Any = None
+) -> Float[Array, "local_experts n_capacity d_model"]:
+    """Inside `shard_map`: this device's slots for every expert, sent to the devices holding them; comes back
+    with the slots of this device's E / n experts from every device (device order along the slot axis).
+    With `experts` (this device's stacked expert params) checks that they are E / n of E."""
+    n, n_experts = jax.lax.axis_size(axis_name), slots.shape[0]
+    if n_experts % n:
+        raise ValueError(f"expert parallelism: {n_experts} experts cannot be split over the {n} devices of axis "
+                         f"{axis_name!r}; pick n_experts divisible by {n}")  # fmt: skip
+    held = {leaf.shape[0] for leaf in jax.tree.leaves(experts)}
+    if experts is not None and held != {n_experts // n}:
+        raise ValueError(f"expert parallelism: this device holds {sorted(held)} experts, but {n_experts} split over "
+                         f"the {n} devices of {axis_name!r} are {n_experts // n} each; were the params placed "
+                         f"with the experts' leading axis split over {axis_name!r}?")  # fmt: skip
+    return jax.lax.all_to_all(slots, axis_name, split_axis=0, concat_axis=1, tiled=True)
+
+
+def from_experts(
+    out: Float[Array, "local_experts n_capacity d_model"], axis_name: str
+) -> Float[Array, "n_experts capacity d_model"]:
+    """Inside `shard_map`: the inverse of `to_experts`, each device's slots' outputs back to it."""
+    return jax.lax.all_to_all(out, axis_name, split_axis=1, concat_axis=0, tiled=True)

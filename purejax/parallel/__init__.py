@@ -1,7 +1,7 @@
 """Training over several devices with every collective written out in `jax.shard_map`.
 
 - `mesh`: `make_mesh(dp, tp)`, a (data, model) device grid; `parse_mesh("dp=4,tp=2")`; `MeshAxes`, the axes
-  a model runs under (purejax/models/gpt_parallel.py takes them to issue its own collectives).
+  a model runs under (models/gpt_parallel.py takes them to issue its own collectives).
 - `specs`: PartitionSpecs from a table of param-path rules; `shard` to place a tree; `state_specs` for a
   whole training state.
 - `fsdp`: ZeRO-3: `fsdp_specs` splits params over the data axis too, `gather` all-gathers them before use,

@@ -12,7 +12,7 @@ would cost a collective's latency. `gather` is what a model calls inside `shard_
 split leaf. Nothing is written for the gradients: under `jax.grad`, the transpose of `all_gather` is
 `psum_scatter`, which sums the gradient over the data shards and leaves each device its own slice, exactly
 ZeRO's reduce-scatter; the optimizer then updates that slice alone. `gathered` wraps one layer of a model so
-that its params are gathered inside it, one layer's at a time (purejax/models/gpt_parallel.py).
+that its params are gathered inside it, one layer's at a time (models/gpt_parallel.py).
 """
 
 from collections.abc import Callable, Sequence

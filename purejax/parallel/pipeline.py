@@ -1,11 +1,19 @@
-"""Pipeline parallelism for the GPT: the stacked blocks split into S stages over a "pipe" mesh axis, the
-batch into M micro-batches, and a schedule (purejax/parallel/schedules.py, a table of (step, stage) ->
-F(m) | B(m) | idle) executed step by step under `lax.scan`, activations sent to the next stage and their
-gradients to the previous one with `ppermute`.
+"""Pipeline parallelism: a layer-stacked model split into S stages over a "pipe" mesh axis, the batch into M
+micro-batches, and a schedule (purejax/parallel/schedules.py, a table of (step, stage) -> F(m) | B(m) | idle)
+executed step by step under `lax.scan`, activations sent to the next stage and their gradients to the
+previous one with `ppermute`. The runner knows no model; the model gives it two things:
 
-    device s holds blocks[s*L:(s+1)*L] (L = n_layer / S: `stage_specs`, "pipe" on the leading layer axis),
-    and wte, wpe, ln_f whole.
-    stage 0 embeds, the last stage applies ln_f, the tied head and the loss.
+    params   a dict whose "blocks" entry is layer-stacked (`stack.init`), split over "pipe" by `stage_specs`:
+             device s holds blocks[s*L:(s+1)*L] (L = depth / S); every other entry is whole on every stage.
+    stage    stage(params, x, micro, n_tokens, *, key, axes) -> (y, loss_share): this device's stage on one
+             micro-batch `micro` = (inputs, targets). Stage 0 ignores x and embeds the inputs; every stage
+             runs its blocks; the last stage returns its share of the loss, sum(its losses) / n_tokens, the
+             others 0. `jax.lax.axis_index(axes.pipe)` tells a stage which one it is.
+    width    the activations' last axis: x and y are (micro_batch, seq, width), the shape of the buffers.
+
+The GPT's stage (embedding, blocks, tied head, cross-entropy) is models/gpt_pipeline.py, with the wrappers
+its callers use. `width` is passed, not derived: the zero buffers must exist before any stage runs, and a
+stage's output shape cannot be traced without an input of that shape.
 
     every step t, on every stage s at once (one program, `kind[t, s]` picks the branch):
         F(m): y = stage(x[m])                         keep x[m] (the stage's input) for the backward
@@ -18,20 +26,20 @@ layers' forward inside the backward (`jax.vjp` at B time), as GPipe does with re
 al. 2019, sec. 2.3). The buffer has `schedules.buffer_slots(table)` slots, micro-batch m in slot m % K:
 M for GPipe, at most S for 1F1B; that is the activation footprint the schedule buys.
 
-The loss is the whole batch's mean over its counted tokens (targets of -1 are ignored, as `gpt.loss`): the
-last stage adds sum(token losses of m) / (tokens counted in the whole batch) for each m, so the sum over
-micro-batches is `gpt.loss` on the whole batch, and the gradient of each term is that micro-batch's share.
-With dropout, micro-batch m uses `jax.random.split(key, M)[m]` (as `optim.accumulate_gradients`), and
-inside it every layer gets `gpt.hidden`'s key for its global index: the masks do not depend on S.
+The loss is the whole batch's mean over its counted targets (targets of -1 are ignored, the ignore index of
+`losses.cross_entropy`): `n_tokens` counts them over the whole batch (and over `axes.data`), the last stage
+adds sum(losses of m) / n_tokens for each m, so the sum over micro-batches is the mean over the whole batch,
+and the gradient of each term is that micro-batch's share. With a key, micro-batch m gets
+`jax.random.split(key, M)[m]` (as `optim.accumulate_gradients`); the stage derives its layers' keys from it.
 
-The tied embedding. wte is used twice: by the embedding on stage 0 and by the head on the last stage.
-Both hold it (it is replicated over "pipe"), each differentiates its own copy, and one `psum` over "pipe"
-at the end of the step adds the two gradients, as Megatron-LM all-reduces the word embedding's gradient
-between its first and last stage. The same psum collects wpe's (stage 0) and ln_f's (last stage)
-gradients; every other stage contributes zeros.
+The params whole on every stage (the GPT's embeddings and final norm) are used by some stages and not
+others. Every stage holds them (replicated over "pipe"), each differentiates its own copy, and one `psum`
+over "pipe" at the end of the step adds the stages' gradients; a stage that does not use them contributes
+zeros. The blocks' gradients stay where their layers are.
 
 Collectives per step, per device: 2 T collective-permutes of one micro-batch's activations (T = len(table);
-idle steps send zeros: all devices run one program), and the all-reduce of wte, wpe, ln_f's gradients and the loss.
+idle steps send zeros: all devices run one program), and the all-reduce of the whole params' gradients and
+the loss.
 
 Inside the ordinary training step. A schedule computes the loss and the gradients together: its backwards
 are interleaved with its forwards, so "forward, then let `jax.grad` run the backward" cannot express it.
@@ -43,9 +51,8 @@ any other loss function (loss scale, gradient accumulation, clipping, the data-p
     bwd rule                                those gradients times the loss's cotangent (the loss scale)
 
 Other axes. `axes.data` splits the batch: the token count and the loss are psummed over it (the gradients'
-sum is `sharded_train_step`'s). `axes.model` splits each stage's blocks, wte's rows and the head's vocabulary
-Megatron-style (`gpt.block`'s psums inside every stage). FSDP, context and sequence parallelism are refused.
-The blocks run under `stack.scan` (`config.layers`, `config.remat` unread: B recomputes the forward anyway).
+sum is `sharded_train_step`'s). `axes.model` is the stage's own business (the GPT's splits its blocks and
+head Megatron-style). FSDP, context and sequence parallelism are refused.
 """
 
 import functools
@@ -55,18 +62,20 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
-from jaxtyping import Array, Float, Integer, PRNGKeyArray
+from jaxtyping import Array, Float, PRNGKeyArray, Shaped
 
-from purejax import losses
-from purejax import random as prandom
-from purejax.models import gpt
-from purejax.nn import dropout, embedding, layer_norm, stack
+from purejax.nn import stack
 from purejax.optim.accumulate import split_micro_batches
 from purejax.parallel import schedules
 from purejax.parallel.mesh import PIPE, MeshAxes
 
 Params = dict[str, Any]
-Batch = tuple[Integer[Array, "batch seq"], Integer[Array, "batch seq"]]
+Batch = tuple[Shaped[Array, "batch seq"], Shaped[Array, "batch seq"]]
+
+
+# stage(params, x, micro, n_tokens, *, key, axes) -> (y, loss_share): see the module docstring;
+# models/gpt_pipeline.stage_forward is one, with its shapes.
+Stage = Callable[..., tuple[Float[Array, "micro_batch seq width"], Float[Array, ""]]]
 
 
 def stage_specs(specs: Params, axis_name: str = PIPE) -> Params:
@@ -81,20 +90,21 @@ def stage_specs(specs: Params, axis_name: str = PIPE) -> Params:
 
 
 def param_specs(params: Params, axis_name: str = PIPE) -> Params:
-    """The pipe axis alone: P(axis_name) on the blocks' layer axis, P() (replicated) for wte, wpe and ln_f."""
+    """The pipe axis alone: P(axis_name) on the blocks' layer axis, P() (replicated) for every other entry."""
     return stage_specs(jax.tree.map(lambda _: P(), params), axis_name)
 
 
 def loss(
     params: Params,
     batch: Batch,
-    config: gpt.GPTConfig,
+    stage: Stage,
     table: schedules.Table,
     *,
+    width: int,
     key: PRNGKeyArray | None = None,
     axes: MeshAxes,
 ) -> Float[Array, ""]:
-    """`gpt.loss` on the whole batch, pipelined over `axes.pipe`, differentiable: its gradient is the one
+    """The whole batch's loss, pipelined over `axes.pipe`, differentiable: its gradient is the one
     `loss_and_grads` computes while running `table` (see "Inside the ordinary training step" above). Call
     inside `shard_map` with the params placed by `stage_specs` and the batch split over `axes.data` only."""
     if axes.pipe is None or axes.fsdp or axes.context is not None or axes.sequence_parallel:
@@ -103,10 +113,10 @@ def loss(
 
     @jax.custom_vjp
     def pipelined(params, batch, key):
-        return forward_loss(params, batch, config, n_micro, key=key, axes=axes)
+        return forward_loss(params, batch, stage, n_micro, width=width, key=key, axes=axes)
 
     def fwd(params, batch, key):
-        return loss_and_grads(params, batch, config, table, key=key, axes=axes)
+        return loss_and_grads(params, batch, stage, table, width=width, key=key, axes=axes)
 
     def bwd(grads, cotangent):
         return jax.tree.map(lambda g: (g * cotangent).astype(g.dtype), grads), None, None
@@ -116,20 +126,26 @@ def loss(
 
 
 def sharded_loss_and_grads(
-    mesh: jax.sharding.Mesh, config: gpt.GPTConfig, table: schedules.Table, *, axis_name: str = PIPE
+    mesh: jax.sharding.Mesh, stage: Stage, table: schedules.Table, *, width: int, axis_name: str = PIPE
 ) -> Callable[..., tuple[Float[Array, ""], Params]]:
     """`loss_and_grads` under `jax.jit(jax.shard_map(...))` over `mesh`: `fn(params, batch, key=None) ->
     (loss, grads)`, params placed by `param_specs` (`parallel.shard`), the batch and key replicated."""
     n_stages = mesh.shape[axis_name]
-    if config.n_layer % n_stages or len(table[0]) != n_stages:
+    if len(table[0]) != n_stages:
         raise ValueError(
-            f"pipeline: {config.n_layer} layers over {n_stages} stages ({axis_name!r}) with a table of "
-            f"{len(table[0])} stages; n_layer must be a multiple of the stage count, and the table made for it"
+            f"pipeline: a table of {len(table[0])} stages for {n_stages} stages ({axis_name!r}); "
+            f"make the table for the mesh's stage count"
         )
 
     def run(params, batch, key=None):
+        depth = stack.depth(params["blocks"], "params['blocks']")
+        if depth % n_stages:
+            raise ValueError(
+                f"pipeline: params['blocks'] has {depth} layers for {n_stages} stages ({axis_name!r}); "
+                f"the depth must be a multiple of the stage count"
+            )
         specs = param_specs(params, axis_name)
-        body = functools.partial(loss_and_grads, config=config, table=table, axes=MeshAxes(pipe=axis_name))
+        body = functools.partial(loss_and_grads, stage=stage, table=table, width=width, axes=MeshAxes(pipe=axis_name))
         sharded = jax.shard_map(
             lambda p, b, k: body(p, b, key=k), mesh=mesh, in_specs=(specs, P(), P()), out_specs=(P(), specs)
         )
@@ -138,60 +154,19 @@ def sharded_loss_and_grads(
     return jax.jit(run)
 
 
-def stage_forward(
-    params: Params,
-    x: Float[Array, "micro_batch seq d_model"],
-    micro: tuple[Integer[Array, "micro_batch seq"], Integer[Array, "micro_batch seq"]],
-    n_tokens: Integer[Array, ""],
-    config: gpt.GPTConfig,
-    *,
-    key: PRNGKeyArray | None,
-    axes: MeshAxes,
-) -> tuple[Float[Array, "micro_batch seq d_model"], Float[Array, ""]]:
-    """This device's stage on one micro-batch: (its output activations, its share of the loss). Stage 0
-    replaces `x` by the embeddings; the last stage returns sum(token losses) / n_tokens, the others 0.
-    Under `axes.model` the embedding, blocks and cross-entropy are gpt.py's vocab- and head-parallel ones."""
-    s, n_stages = jax.lax.axis_index(axes.pipe), jax.lax.axis_size(axes.pipe)
-    idx, targets = micro
-    dropout_on = key is not None and config.dropout > 0
-    keys = prandom.named_keys(key, "embd", "blocks") if dropout_on else {"embd": None}
-
-    def embed():
-        positions = embedding.apply(params["wpe"], jnp.arange(idx.shape[1]))
-        h = embedding.apply(params["wte"], idx, axis_name=axes.model) + positions
-        return dropout.apply(h, rate=config.dropout, key=keys["embd"])
-
-    x = jax.lax.cond(s == 0, embed, lambda: x)
-    n_local = stack.depth(params["blocks"], "params['blocks']")
-    block = functools.partial(gpt.block, config=config, axis_name=axes.model)
-    if dropout_on:  # this stage's layers' keys: gpt.hidden's, at their global indices
-        layer_keys = stack.layer_keys(keys["blocks"], n_local * n_stages)
-        layer_keys = jax.lax.dynamic_slice_in_dim(layer_keys, s * n_local, n_local)
-        x, _ = stack.scan(lambda p, x, k: (block(p, x, key=k), None), params["blocks"], x, xs=layer_keys)
-    else:
-        x = stack.scan(lambda p, x: block(p, x), params["blocks"], x)
-
-    def head_loss():
-        logits = embedding.attend(params["wte"], layer_norm.apply(params["ln_f"], x))
-        per_token = losses.cross_entropy(logits, targets, ignore_index=-1, axis_name=axes.model)
-        return jnp.sum(jnp.where(targets != -1, per_token, 0.0)).astype(jnp.float32) / n_tokens
-
-    zero = jnp.zeros_like(x[0, 0, 0], jnp.float32)  # varying over the axes the loss varies over
-    return x, jax.lax.cond(s == n_stages - 1, head_loss, lambda: zero)
-
-
 def forward_loss(
     params: Params,
     batch: Batch,
-    config: gpt.GPTConfig,
+    stage: Stage,
     n_micro: int,
     *,
+    width: int,
     key: PRNGKeyArray | None = None,
     axes: MeshAxes,
 ) -> Float[Array, ""]:
-    """`gpt.loss` on the whole batch by the forwards alone: at step t stage s runs micro-batch t - s (if
-    there is one) on what stage s - 1 sent at step t - 1, M + S - 1 steps, no buffer. Evaluation's pass."""
-    forward, x0, loss0, local = _setup(params, batch, config, n_micro, key, axes, slots=1)
+    """The whole batch's loss by the forwards alone: at step t stage s runs micro-batch t - s (if there is
+    one) on what stage s - 1 sent at step t - 1, M + S - 1 steps, no buffer. Evaluation's pass."""
+    forward, x0, loss0, local = _setup(params, batch, stage, width, n_micro, key, axes, slots=1)
     s, n_stages = jax.lax.axis_index(axes.pipe), jax.lax.axis_size(axes.pipe)
 
     def step(carry, t):
@@ -213,19 +188,20 @@ def forward_loss(
 def loss_and_grads(
     params: Params,
     batch: Batch,
-    config: gpt.GPTConfig,
+    stage: Stage,
     table: schedules.Table,
     *,
+    width: int,
     key: PRNGKeyArray | None = None,
     axes: MeshAxes = MeshAxes(pipe=PIPE),
 ) -> tuple[Float[Array, ""], Params]:
-    """`gpt.loss` on the whole batch and its gradients, pipelined by `table` over `axes.pipe`, inside
+    """The whole batch's loss and its gradients, pipelined by `table` over `axes.pipe`, inside
     `shard_map` (params placed by `stage_specs`, the batch split over `axes.data` only). The gradients are
     placed like the params; under `axes.data` they are this shard's share, still to be summed over it."""
     n_micro = schedules.micro_batches(table)
     schedules.check(table, jax.lax.axis_size(axes.pipe), n_micro)
     slots = schedules.buffer_slots(table)
-    forward, x0, loss0, local = _setup(params, batch, config, n_micro, key, axes, slots)
+    forward, x0, loss0, local = _setup(params, batch, stage, width, n_micro, key, axes, slots)
     carry = (x0, x0, jax.tree.map(jnp.zeros_like, local), loss0)
     step = functools.partial(_run_step, forward, local, axis_name=axes.pipe, slots=slots)
     pad = ((0, 0), (1, 1))  # an idle stage on either side, so every stage reads its neighbours' entries
@@ -234,7 +210,7 @@ def loss_and_grads(
     return jax.lax.psum(loss, _reduced(axes)), {**shared, "blocks": grads["blocks"]}
 
 
-def _setup(params, batch, config, n_micro, key, axes, slots):
+def _setup(params, batch, stage, width, n_micro, key, axes, slots):
     """(forward(params, x, m) -> (y, loss share) of micro-batch m, the zero activations buffer of `slots`
     micro-batches, a zero loss, this device's own copy of the params), typed varying over the pipe axis and
     every axis the batch varies over."""
@@ -245,13 +221,13 @@ def _setup(params, batch, config, n_micro, key, axes, slots):
 
     def forward(p, x, m):
         micro = jax.tree.map(lambda a: a[m], micro_batches)
-        return stage_forward(p, x, micro, n_tokens, config, key=None if keys is None else keys[m], axes=axes)
+        return stage(p, x, micro, n_tokens, key=None if keys is None else keys[m], axes=axes)
 
     # this device's own copy of the replicated params: their gradients stay local until the psum over "pipe"
     local = {k: v if k == "blocks" else _varying(v, axes.pipe) for k, v in params.items()}
     dtype = jax.tree.leaves(params)[0].dtype
     zero = _varying(jnp.zeros_like(batch[0][0, 0], dtype), axes.pipe)  # varying as the batch is, and over pipe
-    x0 = zero + jnp.zeros((slots, *micro_batches[0].shape[1:], config.n_embd), dtype)
+    x0 = zero + jnp.zeros((slots, *micro_batches[0].shape[1:], width), dtype)
     return forward, x0, zero.astype(jnp.float32), local
 
 

@@ -25,7 +25,7 @@ tokens: their gradients are summed over the model axis by the `psum` that `jax.g
 varying data (`check_vma`), d numbers each.
 
 Everything here runs inside `jax.shard_map` with the sequence on axis 1 of (batch, seq, ...) arrays.
-purejax/models/gpt_parallel.py assembles a GPT from these pieces; docs/parallel-sequence.md draws it.
+models/gpt_parallel.py assembles a GPT from these pieces; docs/parallel-sequence.md draws it.
 """
 
 from collections.abc import Callable

@@ -8,7 +8,7 @@ import pytest
 from jax.extend import core as jax_core
 
 from bench import gpt_generate
-from purejax.models import gpt, gpt_decode
+from models import gpt, gpt_decode
 
 TINY = gpt.GPTConfig(block_size=16, vocab_size=11, n_layer=2, n_head=2, n_embd=8)
 BENCH = gpt.GPTConfig(block_size=256, vocab_size=65, n_layer=6, n_head=6, n_embd=384)  # what the bench runs

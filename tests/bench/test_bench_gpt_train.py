@@ -1,5 +1,5 @@
 """bench/gpt_train.py without timing anything: what MFU is measured against (an accelerator's peak from
-purejax.train.run's table, tested in tests/purejax/train/test_gpu_defaults.py), the GPT-2 124M case it runs on a
+train.run's table, tested in tests/train/test_gpu_defaults.py), the GPT-2 124M case it runs on a
 GPU (built as shapes only, nothing trained), the runs `--configs` and `--bias` name, which GPTConfig.layers
 each purejax contender runs, and every peer's copy of purejax's weights, biases included, checked against
 purejax's own step as the bench checks it before timing. The peers whose library is not installed are skipped
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from bench import gpt_train
-from purejax.models import gpt
+from models import gpt
 from purejax.precision import Policy
-from purejax.train import gpt as train_gpt
+from train import gpt as train_gpt
 
 
 def test_mfu_is_against_the_accelerator_peak_or_the_best_measured_rate():

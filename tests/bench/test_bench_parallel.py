@@ -102,7 +102,7 @@ def main(out: str) -> None:
     # run-time shape checks, as in the test process (tests/conftest.py)
     install_import_hook(["purejax"], "beartype.beartype(conf=beartype.BeartypeConf(is_pep484_tower=True))")
     from bench import parallel_cases as bench
-    from purejax.models import gpt
+    from models import gpt
 
     def config(n_layer, n_head, n_embd, block_size, vocab_size):
         return gpt.GPTConfig(

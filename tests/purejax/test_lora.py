@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from models import gpt
 from purejax import lora, optim
 from purejax import tree as tree_lib
-from purejax.models import gpt
 
 CONFIG = gpt.GPTConfig(block_size=8, vocab_size=16, n_layer=2, n_head=2, n_embd=8, bias=True)
 TARGETS = ("blocks.attn.qkv.w", "blocks.mlp.*.w")

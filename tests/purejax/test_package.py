@@ -1,5 +1,5 @@
 """`import purejax`: every framework subpackage is an attribute, imported on first use; the reference models and
-programs are not, and say how to import them."""
+programs are not part of it, and asking for them says where they are."""
 
 import subprocess
 import sys
@@ -12,11 +12,11 @@ PACKAGE = Path(purejax.__file__).parent
 
 def test_every_framework_subpackage_is_listed():
     found = {p.stem for p in PACKAGE.glob("*.py")} | {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
-    framework = {name for name in found if not name.startswith("_")} - {"models", "train"}
+    framework = {name for name in found if not name.startswith("_")}
     assert framework == set(purejax.SUBPACKAGES)
 
 
-def test_subpackages_load_on_first_use_and_models_and_train_stay_explicit():
+def test_subpackages_load_on_first_use_and_models_and_train_are_not_among_them():
     script = """
 import sys
 import purejax
@@ -28,12 +28,10 @@ for name in ("models", "train"):
     try:
         getattr(purejax, name)
     except AttributeError as e:
-        assert f"import it by name, e.g. `from purejax.{name} import gpt`" in str(e), e
+        assert f"the top-level `{name}` folder of a purejax checkout" in str(e), e
     else:
         raise AssertionError(f"purejax.{name} loaded by attribute access")
-assert not [m for m in sys.modules if m.startswith(("purejax.models", "purejax.train"))]
-from purejax.models import gpt
-assert purejax.models.gpt is gpt
+assert not [m for m in sys.modules if m.startswith(("models", "train"))]
 print("ok")
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=PACKAGE.parent)

@@ -252,8 +252,8 @@ def test_keep_best_needs_the_metric_at_save(tmp_path):
 def test_train_sample_falls_back_past_a_damaged_newest_checkpoint(tmp_path):
     """train.sample reads the params of the newest checkpoint that verifies, as its docstring promises (the
     header check alone passed a file whose params were damaged, and sampling then failed)."""
-    from purejax.models import gpt
-    from purejax.train import sample
+    from models import gpt
+    from train import sample
 
     model = dataclasses.asdict(gpt.GPTConfig(block_size=8, vocab_size=8, n_layer=1, n_head=2, n_embd=16))
     manager = checkpoint.CheckpointManager(tmp_path, keep_last=None)

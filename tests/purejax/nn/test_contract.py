@@ -3,7 +3,7 @@ axis_name keyword-only, options keyword-only, state after the input), one name p
 dropout rate, initializers that are all factories, and ArrayLike inputs converted to jax arrays.
 
 Signature rules that hold across the whole package are checked on every module of purejax.nn and
-purejax.models; the finer rules are checked on the layers and models this contract was written with (LAYERS)."""
+models; the finer rules are checked on the layers and models this contract was written with (LAYERS)."""
 
 import dataclasses
 import importlib
@@ -16,10 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import purejax.models
+import models
 import purejax.nn
-from purejax.models import llama, llama_decode, mobilenet, mobilenet_config, mobilenet_torch
-from purejax.models import mlp as mlp_model
+from models import llama, llama_decode, mobilenet, mobilenet_config, mobilenet_torch
+from models import mlp as mlp_model
 from purejax.nn import (
     activations,
     batch_norm,
@@ -45,7 +45,7 @@ def _modules(package):
     return [importlib.import_module(f"{package.__name__}.{name}") for name in names]
 
 
-EVERY = _modules(purejax.nn) + _modules(purejax.models)
+EVERY = _modules(purejax.nn) + _modules(models)
 LAYERS = [activations, batch_norm, conv, dropout, embedding, initializers, layer_norm, linear, mlp, pooling, rms_norm,
           stack, mlp_model, mobilenet, mobilenet_config, mobilenet_torch, gated_mlp, rotary, llama,
           llama_decode]  # fmt: skip

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from purejax.models import dit, gpt
+from models import dit, gpt
 from purejax.nn import remat
 
 GPT = gpt.GPTConfig(

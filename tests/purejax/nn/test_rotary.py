@@ -1,5 +1,5 @@
 """purejax.nn.rotary against float64 numpy: the rotate-half rotation, the frequencies with linear and Llama 3.1
-scaling (Meta's `apply_scaling` loop, in tests/purejax/models/llama_numpy.py), the relative-position property,
+scaling (Meta's `apply_scaling` loop, in tests/models/llama_numpy.py), the relative-position property,
 and the permutation relating Meta's interleaved pairs to rotate-half."""
 
 import math
@@ -11,7 +11,7 @@ import pytest
 
 from purejax.nn import rotary
 from purejax.nn.rotary import LinearScaling, Llama3Scaling
-from tests.purejax.models import llama_numpy
+from tests.models import llama_numpy
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(2, 5, 3, 8)).astype(np.float32)  # (batch, seq, n_head, head_dim)

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from models import gpt
 from purejax import tree
-from purejax.models import gpt
 from purejax.nn import attention, attention_cache, layer_norm, mlp, stack
 from purejax.nn.attention import AttentionConfig
 

@@ -182,7 +182,7 @@ def test_newton_schulz_keeps_the_dtype_of_its_input():
 def test_matrix_leaves_picks_the_gpt_hidden_matrices():
     """On purejax's GPT: the four weight matrices per block; not wte (the embedding and the tied head), wpe,
     biases or LayerNorm scales (which the layer axis makes 2-D)."""
-    from purejax.models import gpt
+    from models import gpt
 
     config = gpt.GPTConfig(vocab_size=32, block_size=8, n_layer=2, n_head=2, n_embd=16)
     shapes = jax.eval_shape(lambda: gpt.init(jax.random.key(0), config))

@@ -26,9 +26,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
+from models import gpt, gpt_parallel  # noqa: E402
 from purejax import optim, parallel  # noqa: E402
 from purejax import tree as tree_lib  # noqa: E402
-from purejax.models import gpt, gpt_parallel  # noqa: E402
 from purejax.nn import moe  # noqa: E402
 from tests.purejax.parallel.hlo import executed_collectives  # noqa: E402
 

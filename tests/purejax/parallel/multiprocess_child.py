@@ -1,6 +1,6 @@
 """Child program for the multi-process tests, started by `purejax.parallel.launch` as 1 or N processes.
 
-Trains the MLP classifier (purejax/models/mlp.py) data-parallel with Adam for a few steps, with a plain
+Trains the MLP classifier (models/mlp.py) data-parallel with Adam for a few steps, with a plain
 `jax.shard_map` step: the loss is averaged over "data" with `pmean`, and under check_vma JAX's transpose then
 sums the gradients of the replicated params, so no collective is written for them. Each process reads only
 its own rows of each global batch from the data files (numpy memmaps). At the end every process prints one
@@ -35,8 +35,8 @@ import optax  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
+from models import mlp  # noqa: E402
 from purejax import checkpoint, tree  # noqa: E402
-from purejax.models import mlp  # noqa: E402
 from purejax.parallel import make_mesh  # noqa: E402
 
 CONFIG = mlp.MLPConfig(d_in=16, hidden=(32,), n_classes=4)

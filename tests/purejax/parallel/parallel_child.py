@@ -26,9 +26,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
+from models import gpt, gpt_parallel  # noqa: E402
 from purejax import optim, parallel  # noqa: E402
 from purejax import tree as tree_lib  # noqa: E402
-from purejax.models import gpt, gpt_parallel  # noqa: E402
 from purejax.nn import attention  # noqa: E402
 from purejax.parallel import DATA, MODEL, MeshAxes  # noqa: E402
 from purejax.parallel.step import with_shard_key  # noqa: E402

@@ -1,8 +1,10 @@
 """Child process for tests/purejax/parallel/test_pipeline.py: 8 simulated CPU devices (XLA_FLAGS must be set
-before jax is imported). Runs the pipelined GPT loss and gradients for a few (stages, micro-batches, schedule,
-dropout) cases, compares them with one device's, counts the compiled program's collectives; runs
-`pipeline.loss` inside `sharded_train_step` on pp, dp x pp and dp x pp x tp meshes for a few AdamW steps
-against `optim.train_step` on one device; and writes the numbers to a JSON file that the tests assert on.
+before jax is imported). Runs the runner with a stage that is not a GPT (a stack of linear layers and a squared
+error) against one device's loss and gradients of the same function; runs the pipelined GPT loss and gradients
+(models/gpt_pipeline.py) for a few (stages, micro-batches, schedule, dropout) cases, compares them with one
+device's, counts the compiled program's collectives; runs `gpt_pipeline.loss` inside `sharded_train_step` on
+pp, dp x pp and dp x pp x tp meshes for a few AdamW steps against `optim.train_step` on one device; and writes
+the numbers to a JSON file that the tests assert on.
 
     python pipeline_child.py OUT.json
 """
@@ -27,9 +29,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
+from models import gpt, gpt_parallel, gpt_pipeline  # noqa: E402
 from purejax import losses, optim, parallel  # noqa: E402
 from purejax import tree as tree_lib  # noqa: E402
-from purejax.models import gpt, gpt_parallel  # noqa: E402
+from purejax.nn import stack  # noqa: E402
 from purejax.parallel import pipeline, schedules  # noqa: E402
 from tests.purejax.parallel.hlo import executed_collectives  # noqa: E402
 
@@ -92,7 +95,7 @@ def _micro_batch_sum(params, batch, key, config, n_micro):
 
 
 def _step_reference_loss(params, batch, key, *, config, dp, n_micro):
-    """One device's version of what `sharded_train_step` makes of `pipeline.loss`: data shard d takes the d-th
+    """One device's version of what `sharded_train_step` makes of `gpt_pipeline.loss`: data shard d takes the d-th
     block of rows with `fold_in(key, d)` (none without a data axis), pipelined in `n_micro` micro-batches."""
     rows, total = batch[0].shape[0] // dp, 0.0
     for d in range(dp):
@@ -111,7 +114,7 @@ def run_case(params, batch, n_stages, n_micro, name, rate) -> dict:
     mesh = jax.make_mesh((n_stages,), (pipeline.PIPE,), devices=jax.devices()[:n_stages])
     table = schedules.SCHEDULES[name](n_stages, n_micro)
     specs = pipeline.param_specs(params)
-    fn = pipeline.sharded_loss_and_grads(mesh, config, table)
+    fn = gpt_pipeline.sharded_loss_and_grads(mesh, config, table)
     key = jax.random.key(7)
     placed = parallel.shard(params, specs, mesh)
     compiled = fn.lower(placed, batch, key).compile()
@@ -157,7 +160,7 @@ def flat_without_key_bias(params) -> np.ndarray:
 def gpipe_temp_bytes(params, batch, n_stages, n_micro, rate) -> int:
     """XLA's temporaries of the GPipe program (compiled, not run), to set beside a 1F1B case's."""
     mesh = jax.make_mesh((n_stages,), (pipeline.PIPE,), devices=jax.devices()[:n_stages])
-    fn = pipeline.sharded_loss_and_grads(
+    fn = gpt_pipeline.sharded_loss_and_grads(
         mesh, dataclasses.replace(CONFIG, dropout=rate), schedules.gpipe(n_stages, n_micro)
     )
     placed = parallel.shard(params, pipeline.param_specs(params), mesh)
@@ -173,7 +176,7 @@ def one_device_order(batch, dp: int, accumulate: int):
 
 
 def train_case(pp, dp, tp, name, n_micro, rate, accumulate, steps: int = 3) -> dict:
-    """`steps` AdamW steps of `sharded_train_step` with `pipeline.loss` (clipping on, gradient accumulation
+    """`steps` AdamW steps of `sharded_train_step` with `gpt_pipeline.loss` (clipping on, gradient accumulation
     `accumulate`, a batch of 8 rows with ignored targets) against `optim.train_step` on one device with
     `_step_reference_loss`; and the pipelined forward alone (evaluation) against `gpt.loss`."""
     config = dataclasses.replace(CONFIG, dropout=rate)
@@ -186,7 +189,7 @@ def train_case(pp, dp, tp, name, n_micro, rate, accumulate, steps: int = 3) -> d
     state_specs = parallel.state_specs(state, specs)
 
     def loss_fn(params, batch, key):
-        return pipeline.loss(params, batch, config, table, key=key, axes=axes), {}
+        return gpt_pipeline.loss(params, batch, config, table, key=key, axes=axes), {}
 
     kwargs = dict(optimizer=optimizer, max_grad_norm=1.0, micro_batches=accumulate)
     step = parallel.sharded_train_step(mesh, state_specs, P(axes.data), loss_fn=loss_fn, **kwargs)
@@ -200,7 +203,7 @@ def train_case(pp, dp, tp, name, n_micro, rate, accumulate, steps: int = 3) -> d
         ref, ref_metrics = ref_step(ref, one_device_order(batch, dp, accumulate))
         loss_errs.append(rel_err(metrics["loss"], ref_metrics["loss"]))
     evaluate = jax.jit(jax.shard_map(
-        lambda p, x, y: pipeline.loss(p, (x, y), CONFIG, table, axes=axes), mesh=mesh,
+        lambda p, x, y: gpt_pipeline.loss(p, (x, y), CONFIG, table, axes=axes), mesh=mesh,
         in_specs=(specs, P(axes.data), P(axes.data)), out_specs=P(), check_vma=True,
     ))  # fmt: skip
     params, batch = make_params(), make_batch(rows=8)
@@ -212,9 +215,75 @@ def train_case(pp, dp, tp, name, n_micro, rate, accumulate, steps: int = 3) -> d
     }
 
 
+WIDTH = 8  # the linear stack's activations
+
+
+def linear_stage(params, x, micro, n_tokens, *, key, axes):
+    """A stage that is not a GPT: stage 0 lifts each input number to a vector, every stage runs its tanh linear
+    layers, the last one reads a number back out and returns its squared errors over n_tokens (targets of -1
+    ignored). `key` is unused: nothing is random."""
+    s, n_stages = jax.lax.axis_index(axes.pipe), jax.lax.axis_size(axes.pipe)
+    inputs, targets = micro
+    x = jax.lax.cond(s == 0, lambda: inputs[..., None] * params["lift"], lambda: x)
+    x = stack.scan(lambda p, x: jnp.tanh(x @ p["w"] + p["b"]), params["blocks"], x)
+
+    def squared_error():
+        error = jnp.where(targets != -1, x @ params["readout"] - targets, 0.0)
+        return jnp.sum(error**2) / n_tokens
+
+    return x, jax.lax.cond(s == n_stages - 1, squared_error, lambda: jnp.zeros_like(x[0, 0, 0]))
+
+
+def linear_loss(params, batch):
+    """One device, the whole batch at once: the function the stages compute, written out."""
+    inputs, targets = batch
+    x = inputs[..., None] * params["lift"]
+    for w, b in zip(params["blocks"]["w"], params["blocks"]["b"]):
+        x = jnp.tanh(x @ w + b)
+    error = jnp.where(targets != -1, x @ params["readout"] - targets, 0.0)
+    return jnp.sum(error**2) / jnp.sum(targets != -1)
+
+
+def linear_case(n_stages: int = 4, n_micro: int = 2, depth: int = 8) -> dict:
+    """The runner with `linear_stage` (1F1B) against `jax.value_and_grad(linear_loss)` on one device; and the
+    error a stack whose depth the stage count does not divide raises when called."""
+    rng = np.random.default_rng(5)
+
+    def normal(*shape):
+        return jnp.asarray(0.5 * rng.standard_normal(shape), jnp.float32)
+
+    params = {
+        "lift": normal(WIDTH),
+        "blocks": {"w": normal(depth, WIDTH, WIDTH), "b": normal(depth, WIDTH)},
+        "readout": normal(WIDTH),
+    }
+    inputs, targets = normal(BATCH, 6), np.array(normal(BATCH, 6))
+    targets[1, :4] = -1  # ignored positions
+    batch = (inputs, jnp.asarray(targets))
+    mesh = jax.make_mesh((n_stages,), (pipeline.PIPE,), devices=jax.devices()[:n_stages])
+    fn = pipeline.sharded_loss_and_grads(mesh, linear_stage, schedules.one_f_one_b(n_stages, n_micro), width=WIDTH)
+    loss, grads = fn(parallel.shard(params, pipeline.param_specs(params), mesh), batch)
+    ref_loss, ref_grads = jax.value_and_grad(linear_loss)(params, batch)
+    flat, ref_flat = tree_lib.flatten(grads), tree_lib.flatten(ref_grads)
+    odd = {**params, "blocks": jax.tree.map(lambda a: a[:-1], params["blocks"])}
+    try:  # refused while tracing, before the params are placed
+        fn(odd, batch)
+        depth_error = ""
+    except ValueError as error:
+        depth_error = str(error)
+    return {
+        "loss_rel_err": rel_err(loss, ref_loss),
+        "grad_rel_err": {path: rel_err(flat[path], ref_flat[path]) for path in ref_flat},
+        "depth_error": depth_error,
+    }
+
+
 def main(out: str) -> None:
     params, batch = make_params(), make_batch()
-    results = {f"S{s}-M{m}-{name}-p{rate}": run_case(params, batch, s, m, name, rate) for s, m, name, rate in CASES}
+    results = {"linear": linear_case()}
+    results.update(
+        {f"S{s}-M{m}-{name}-p{rate}": run_case(params, batch, s, m, name, rate) for s, m, name, rate in CASES}
+    )
     results["gpipe_temp_bytes"] = {"S2-M4-p0.1": gpipe_temp_bytes(params, batch, 2, 4, 0.1)}
     for pp, dp, tp, name, n_micro, rate, accumulate in STEP_CASES:
         case = f"pp{pp}-dp{dp}-tp{tp}-{name}-M{n_micro}-p{rate}-ga{accumulate}"

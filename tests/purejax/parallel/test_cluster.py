@@ -24,7 +24,7 @@ import pytest
 
 from purejax.parallel import cluster, distributed
 from tests.purejax.parallel.test_distributed import CHILD, ENV_NAMES, data_dir, reference  # noqa: F401 - fixtures
-from tests.purejax.train.test_gpt import TINY, corpus  # noqa: F401 - corpus: a fixture
+from tests.train.test_gpt import TINY, corpus  # noqa: F401 - corpus: a fixture
 
 ROOT = Path(__file__).resolve().parents[3]
 JAX_PORTS = 61440  # JAX's cluster detection picks its coordinator port in [61440, 65535] from the job id
@@ -177,7 +177,7 @@ def test_settings_go_to_jax_with_a_20_s_heartbeat(bare_env):
 def launched(data_dir, corpus, tmp_path_factory) -> dict:  # noqa: F811 - data_dir, corpus: fixtures
     """train.gpt as 2 srun tasks, and the MLP child as 2 Open MPI ranks, side by side."""
     tmp = tmp_path_factory.mktemp("launched")
-    gpt = ["-m", "purejax.train.gpt", *TINY, f"--dataset={corpus}", "--out_dir=run", "--dp=2", "--max_iters=2",
+    gpt = ["-m", "train.gpt", *TINY, f"--dataset={corpus}", "--out_dir=run", "--dp=2", "--max_iters=2",
            "--eval_interval=2", "--eval_iters=1", "--log_interval=1"]  # fmt: skip
     mlp = [str(CHILD), "train", str(data_dir), str(tmp / "mlp")]
     with ThreadPoolExecutor(2) as pool:

@@ -24,8 +24,8 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from models import mlp
 from purejax import tree
-from purejax.models import mlp
 from purejax.parallel import distributed, launch
 
 ROOT = Path(__file__).resolve().parents[3]

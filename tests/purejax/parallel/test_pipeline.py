@@ -1,6 +1,8 @@
 """Pipeline parallelism (purejax/parallel/schedules.py, pipeline.py). The schedule tables: every op once and
-after its inputs, the bubble fraction against GPipe's formula, 1F1B's bounded activations. The pipelined GPT
-on 8 simulated devices (pipeline_child.py computes, these tests judge): loss and gradients equal one device's,
+after its inputs, the bubble fraction against GPipe's formula, 1F1B's bounded activations. On 8 simulated
+devices (pipeline_child.py computes, these tests judge): the runner with a stage that is not a GPT (linear
+layers, a squared error) equals one device's loss and gradients; the pipelined GPT (models/gpt_pipeline.py):
+loss and gradients equal one device's,
 with dropout, and the collectives of the compiled program equal the count the schedule implies; inside
 `sharded_train_step` on pp, dp x pp and dp x pp x tp meshes, a few AdamW steps equal one device's."""
 
@@ -95,21 +97,34 @@ def test_1f1b_compiles_to_fewer_temporaries_than_gpipe(results):
     assert results["S2-M4-1f1b-p0.1"]["temp_bytes"] < results["gpipe_temp_bytes"]["S2-M4-p0.1"]
 
 
+def test_the_runner_takes_any_stage_and_equals_one_device(results):
+    """A stack of 8 tanh linear layers over 4 stages, 1F1B, 2 micro-batches, a squared error with ignored
+    targets: the loss and every gradient equal `jax.value_and_grad` of the same function on one device."""
+    got = results["linear"]
+    assert got["loss_rel_err"] < 1e-6
+    assert set(got["grad_rel_err"]) == {"lift", "blocks.w", "blocks.b", "readout"}
+    assert max(got["grad_rel_err"].values()) < 1e-5, got["grad_rel_err"]
+
+
+def test_a_stack_the_stages_do_not_divide_is_refused_when_called(results):
+    assert results["linear"]["depth_error"] == (
+        "pipeline: params['blocks'] has 7 layers for 4 stages ('pipe'); the depth must be a multiple of the stage count"
+    )
+
+
 def test_a_table_for_another_stage_count_is_refused():
     import jax
 
-    from purejax.models import gpt
     from purejax.parallel import pipeline
 
     mesh = jax.make_mesh((1,), (pipeline.PIPE,), devices=jax.devices()[:1])
-    config = gpt.GPTConfig(block_size=8, vocab_size=32, n_layer=4, n_head=2, n_embd=16)
-    with pytest.raises(ValueError, match=r"4 layers over 1 stages \('pipe'\) with a table of 2 stages"):
-        pipeline.sharded_loss_and_grads(mesh, config, schedules.gpipe(2, 1))
+    with pytest.raises(ValueError, match=r"a table of 2 stages for 1 stages \('pipe'\)"):
+        pipeline.sharded_loss_and_grads(mesh, lambda *a, **k: None, schedules.gpipe(2, 1), width=16)
 
 
 @pytest.mark.parametrize("case", STEP_CASES)
 def test_training_steps_with_the_pipelined_loss_equal_one_device(results, case):
-    """`pipeline.loss` (a custom_vjp whose gradient the schedule computed) inside `sharded_train_step`:
+    """`gpt_pipeline.loss` (a custom_vjp whose gradient the schedule computed) inside `sharded_train_step`:
     three AdamW steps with clipping equal `optim.train_step` on one device, and the forwards alone
     (evaluation) equal `gpt.loss`. The params moved by ~7%, so 1e-6 is float32 rounding, not no change; the
     params after three steps within 1e-5 (5.7e-6 measured under the suite's less optimized XLA, tests/conftest.py)."""
@@ -133,7 +148,7 @@ def test_the_pipe_axis_is_the_outermost_and_errors_name_its_size():
 def test_stage_specs_split_the_layer_axis_over_pipe_and_keep_the_tensor_parallel_split():
     from jax.sharding import PartitionSpec as P
 
-    from purejax.models import gpt, gpt_parallel
+    from models import gpt, gpt_parallel
     from purejax.parallel import MeshAxes, pipeline
 
     config = gpt.GPTConfig(block_size=8, vocab_size=32, n_layer=4, n_head=2, n_embd=16)
@@ -148,11 +163,9 @@ def test_stage_specs_split_the_layer_axis_over_pipe_and_keep_the_tensor_parallel
 def test_the_pipelined_loss_refuses_axes_it_cannot_run_under(axes):
     import jax.numpy as jnp
 
-    from purejax.models import gpt
     from purejax.parallel import MeshAxes, pipeline
 
-    config = gpt.GPTConfig(block_size=8, vocab_size=32, n_layer=4, n_head=2, n_embd=16)
     batch = (jnp.zeros((2, 8), jnp.int32), jnp.zeros((2, 8), jnp.int32))
     axes = MeshAxes(**axes, pipe="pipe" if axes else None)
     with pytest.raises(ValueError, match="needs axes.pipe, and no fsdp, context or sequence parallelism"):
-        pipeline.loss({}, batch, config, schedules.gpipe(2, 2), axes=axes)
+        pipeline.loss({}, batch, lambda *a, **k: None, schedules.gpipe(2, 2), width=16, axes=axes)

@@ -17,11 +17,11 @@ from jax.sharding import PartitionSpec as P
 from purejax import parallel
 from purejax.parallel import MeshAxes, context
 from purejax.parallel.ring_attention import ring_attention
-from purejax.train.config import ConfigError
-from purejax.train.gpt import TrainConfig
 from tests.children import child_results
-from tests.purejax.train.test_gpt import TINY, corpus, final_state, finish, run_gpt  # noqa: F401 - corpus: a fixture
-from tests.purejax.train.test_parallel import assert_same_state
+from tests.train.test_gpt import TINY, corpus, final_state, finish, run_gpt  # noqa: F401 - corpus: a fixture
+from tests.train.test_parallel import assert_same_state
+from train.config import ConfigError
+from train.gpt import TrainConfig
 
 HERE = Path(__file__).resolve().parent
 CASES = ["n2-zigzag-s32", "n2-contiguous-s13", "n4-zigzag-s13", "n4-contiguous-s32", "n8-zigzag-s13",
@@ -73,7 +73,7 @@ def test_gpt_on_a_context_parallel_mesh_equals_one_device(ring_results, mesh):
 
 
 def test_train_gpt_with_context_parallelism_equals_the_single_device_run(tmp_path, corpus):  # noqa: F811
-    """`python -m purejax.train.gpt --dp=2 --cp=2` (4 simulated devices: the batch's rows over data, each row's
+    """`python -m train.gpt --dp=2 --cp=2` (4 simulated devices: the batch's rows over data, each row's
     tokens over the ring) trains to the single-device run's params and AdamW moments."""
     common = [*TINY, f"--dataset={corpus}", "--max_iters=4", "--lr_decay_iters=8", "--warmup_iters=2",
               "--eval_interval=4", "--eval_iters=1", "--log_interval=4", "--batch_size=8", "--n_head=4"]  # fmt: skip

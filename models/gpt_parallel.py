@@ -1,0 +1,267 @@
+r"""The GPT of models/gpt.py on a device mesh: who holds which slice of every param, and the same
+forward pass and loss on this device's shards, inside `jax.shard_map`.
+
+    mesh = parallel.make_mesh(dp=4, tp=2)
+    axes = parallel.MeshAxes.of(mesh, fsdp=False)
+    specs = param_specs(config, axes, mesh.shape)      # a PartitionSpec per param, from SHARDING_RULES
+    params = parallel.shard(params, specs, mesh)       # each device receives its slices
+    def loss_fn(params, batch, key):                   # for parallel.sharded_train_step
+        return loss(params, batch, config, key=key, axes=axes), {}
+
+What each axis of `axes` (a `purejax.parallel.MeshAxes`) does here; docs/parallelism.md draws it:
+- `axes.model`: Megatron-LM tensor parallelism (Shoeybi et al. 2019), gpt.py's `axis_name`: heads, MLP
+  units and vocabulary split over it; one psum after attention and one after the MLP in every block, the
+  embedding and the cross-entropy vocab-parallel (the logits are never gathered).
+- `axes.data`: the batch is split over it. `loss` is the mean over the whole batch: the token losses' sum and
+  count are psummed over the data axis before dividing. Nothing else is: the gradients' all-reduce and each
+  shard's dropout key belong to the training step (purejax/parallel/step.py), not to the model.
+- `axes.fsdp`: ZeRO-3, every matrix also split over the data axis at rest (`parallel.fsdp_specs`): wte and wpe
+  are all-gathered once per pass, each block's params inside the scan, one layer at a time under
+  `jax.checkpoint` (`parallel.gathered`); `jax.grad` turns each all-gather into a reduce-scatter.
+- `axes.context`: context parallelism, the sequence split over it in zig-zag order
+  (`purejax.parallel.context.to_ring_order` reorders a batch): each device embeds its tokens at their global
+  positions, attention runs as a ring (`purejax.parallel.ring_attention`, n-1 `ppermute`s of a key/value
+  block per layer), everything else is per token; the loss's sum and count are psummed over it too. Attention
+  dropout is refused (the ring has none).
+- `axes.sequence_parallel`: Megatron sequence parallelism (`purejax.parallel.sequence`): between the
+  tensor-parallel regions each device of `axes.model` holds its slice of the sequence; each block's two psums
+  become an all-gather before and a reduce-scatter after each region, and the head gathers the whole sequence.
+`MeshAxes()` (or None) is one device: `apply` and `loss` are then gpt.py's, unchanged.
+"""
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+from jaxtyping import Array, ArrayLike, Float, Integer, PRNGKeyArray
+
+from models import gpt, gpt_moe
+from models.gpt import GPTConfig, Params
+from purejax import losses, parallel
+from purejax import random as prandom
+from purejax.nn import attention, embedding, layer_norm, linear, mlp
+from purejax.parallel import MODEL, MeshAxes, context, sequence
+from purejax.parallel.experts import EXPERT
+from purejax.parallel.ring_attention import ring_attention
+
+# Megatron-LM's layout, rows read top down, first match wins. MODEL is the role of the tensor-parallel axis
+# (None when it is off). Leaves under "blocks" have a leading layer axis, never split.
+SHARDING_RULES: tuple[tuple[str, P], ...] = (
+    (r"wte\.w", P(MODEL, None)),  # vocab-parallel embedding and tied head: rows split
+    (r"blocks\.attn\.qkv\.w", P(None, None, MODEL)),  # column-parallel: whole groups of heads per device
+    (r"blocks\.attn\.qkv\.b", P(None, MODEL)),
+    (r"blocks\.attn\.proj\.w", P(None, MODEL, None)),  # row-parallel: psum, then the replicated bias
+    (r"blocks\.mlp\.fc\.w", P(None, None, MODEL)),  # column-parallel
+    (r"blocks\.mlp\.fc\.b", P(None, MODEL)),
+    (r"blocks\.mlp\.proj\.w", P(None, MODEL, None)),  # row-parallel
+    *gpt_moe.SHARDING_RULES,  # mixture of experts: the experts over the data axis with ep (parallel/experts.py)
+    (r".*", P()),  # wpe, LayerNorms, the row-parallel biases, the MoE router: replicated
+)
+
+
+@functools.cache
+def _shapes(config: GPTConfig) -> Params:
+    """The params' global shapes (ShapeDtypeStructs), traced once per config."""
+    return jax.eval_shape(functools.partial(gpt.init, config=config), jax.random.key(0))
+
+
+def param_specs(config: GPTConfig, axes: MeshAxes, axis_sizes: Mapping[str, int]) -> Params:
+    """A PartitionSpec for every param of a GPT with `config` run under `axes` on a mesh with these axis sizes
+    (`mesh.shape`): `SHARDING_RULES`, plus the data axis on every matrix with `axes.fsdp`
+    (`purejax.parallel.fsdp_specs`). Raises if a split would be uneven, naming the size to change."""
+    tp = axis_sizes[axes.model] if axes.model is not None else 1
+    for name, value in (("n_head", config.n_head), ("vocab_size", config.vocab_size)):
+        if value % tp:
+            hint = " (the training program pads it up to a multiple of tp)" if name == "vocab_size" else ""
+            raise ValueError(
+                f"gpt: {name}={value} cannot be split over the {tp} devices of tensor-parallel axis "
+                f"{axes.model!r}; tensor parallelism needs {name} divisible by {tp}{hint}"
+            )
+    shapes = _shapes(config)
+    gpt_moe.mesh_axes(config, axes, axis_sizes)  # checks the MoE options against the mesh
+    roles = {MODEL: axes.model, EXPERT: axes.data if axes.ep else None}
+    specs = parallel.specs_from_rules(shapes, SHARDING_RULES, roles)
+    if axes.fsdp:
+        fsdp = parallel.fsdp_specs(shapes, specs, axes.data, axis_sizes[axes.data], stacked=("blocks",))
+        specs = gpt_moe.fsdp_specs(specs, fsdp, axes)  # with ep, the experts stay split as the rules say
+    parallel.check_divisible(shapes, specs, axis_sizes)
+    return specs
+
+
+def hidden(
+    params: Params,
+    idx: Integer[ArrayLike, "batch seq"],
+    config: GPTConfig,
+    *,
+    key: PRNGKeyArray | None = None,
+    axes: MeshAxes | None = None,
+) -> Float[Array, "batch seq d_model"]:
+    """`gpt.hidden` on this device's shards of the params and of the batch (replicated over `axes.model`).
+    `key` is used as given: under data parallelism each data shard needs its own (`sharded_train_step`
+    folds in the shard's index)."""
+    return _forward(params, idx, config, key, axes)[1]
+
+
+def apply(
+    params: Params,
+    idx: Integer[ArrayLike, "batch seq"],
+    config: GPTConfig,
+    *,
+    key: PRNGKeyArray | None = None,
+    axes: MeshAxes | None = None,
+) -> Float[Array, "batch seq vocab"]:
+    """`gpt.apply` on this device's shards: the logits of its rows of the batch, for its slice of the
+    vocabulary under tensor parallelism."""
+    params, h, _ = _forward(params, idx, config, key, axes)
+    return embedding.attend(params["wte"], h)  # the tied head (wte whole over the data axis, even with FSDP)
+
+
+def loss(
+    params: Params,
+    batch: tuple[Integer[ArrayLike, "batch seq"], Integer[ArrayLike, "batch seq"]],
+    config: GPTConfig,
+    *,
+    key: PRNGKeyArray | None = None,
+    axes: MeshAxes | None = None,
+) -> Float[Array, ""]:
+    """`gpt.loss` over the whole batch, every data shard's rows together: the sum of the token losses and
+    their count are psummed over `axes.data` (and `axes.context`) before dividing, so a shard with more
+    ignored targets (-1) weighs less, as on one device. The same value on every device. With experts
+    (n_experts > 0), plus the weighted load-balancing loss: `loss_and_metrics`'s loss."""
+    return loss_and_metrics(params, batch, config, key=key, axes=axes)[0]
+
+
+def loss_and_metrics(
+    params: Params, batch: tuple[Integer[ArrayLike, "batch seq"], Integer[ArrayLike, "batch seq"]], config: GPTConfig,
+    *, key: PRNGKeyArray | None = None, axes: MeshAxes | None = None,
+) -> tuple[Float[Array, ""], dict[str, Array]]:  # fmt: skip
+    """(`loss`, the mixture of experts' metrics for the training log (`gpt_moe.metrics`; {} when dense)):
+    the cross-entropy plus moe_aux_weight times the load-balancing loss, both the whole batch's."""
+    axes = MeshAxes() if axes is None else axes
+    params, h, stats = _forward(params, batch[0], config, key, axes)
+    ce = _cross_entropy(embedding.attend(params["wte"], h), batch[1], axes)
+    return (ce + gpt_moe.aux_loss(stats, config), gpt_moe.metrics(stats, config)) if stats else (ce, {})
+
+
+def _cross_entropy(logits: Float[Array, "batch seq vocab"], targets: Any, axes: MeshAxes) -> Float[Array, ""]:
+    """The mean token loss of the whole batch (see `loss`), from this device's logits."""
+    per_token = losses.cross_entropy(logits, targets, ignore_index=-1, axis_name=axes.model)
+    if axes.context is None:
+        return losses.masked_mean(per_token, jnp.asarray(targets) != -1, axis_name=axes.data)
+    mask = (jnp.asarray(targets) != -1).astype(jnp.float32)
+    total, count = jnp.sum(per_token.astype(jnp.float32) * mask), jnp.sum(mask)
+    total, count = jax.lax.psum((total, count), tuple(a for a in (axes.data, axes.context) if a is not None))
+    return total / jnp.maximum(count, 1.0)
+
+
+def _forward(params: Params, idx: Any, config: GPTConfig, key: Any, axes: MeshAxes | None) -> tuple[Params, Array, Any]:
+    """(params with the top-level ones gathered under FSDP, gpt.hidden's output, the MoE statistics), after
+    checking that the params are this device's shards."""
+    axes = MeshAxes() if axes is None else axes
+    if axes == MeshAxes():
+        return params, *gpt.hidden_with_stats(params, idx, config, key=key)
+    sizes = {name: jax.lax.axis_size(name) for name in (axes.data, axes.model) if name is not None}
+    specs = param_specs(config, axes, sizes)
+    check_shards(params, config, specs)
+    wrap_block = None
+    if axes.fsdp:  # the top-level matrices once per pass; each block's inside the scan, as it runs
+        top = {name: value for name, value in params.items() if name != "blocks"}
+        params = {**parallel.gather(top, {name: specs[name] for name in top}, axes.data), "blocks": params["blocks"]}
+        layer_specs = gpt_moe.gathered_specs(parallel.layer_specs(specs["blocks"]), axes)
+        wrap_block = functools.partial(parallel.gathered, specs=layer_specs, axis=axes.data)
+    if axes.context is not None:
+        return params, _context_hidden(params, idx, config, key, axes, wrap_block), {}
+    if axes.sequence_parallel:
+        return params, _sequence_hidden(params, idx, config, key, axes.model, wrap_block), {}
+    moe_axes = gpt_moe.mesh_axes(config, axes, sizes)
+    return params, *gpt.hidden_with_stats(
+        params, idx, config, key=key, axis_name=axes.model, wrap_block=wrap_block, moe_axes=moe_axes
+    )
+
+
+def _context_hidden(
+    params: Params, idx: Integer[ArrayLike, "batch t"], config: GPTConfig, key: PRNGKeyArray | None,
+    axes: MeshAxes, wrap_block: Callable | None,
+) -> Float[Array, "batch t d_model"]:  # fmt: skip
+    """`gpt.hidden` for this device's tokens of a sequence split over `axes.context` (zig-zag order): wpe at
+    their global positions, and each block's attention through the ring."""
+    if key is not None and config.dropout > 0:
+        raise ValueError(
+            f"gpt: dropout={config.dropout} with context parallelism (axis {axes.context!r}), but ring attention "
+            f"cannot drop attention probabilities; train with dropout=0 or without context parallelism"
+        )
+    idx = jnp.asarray(idx)
+    gpt.check_inputs(params, idx, config, axis_name=axes.model)
+    n = jax.lax.axis_size(axes.context)
+    if n * idx.shape[1] > config.block_size:
+        raise ValueError(
+            f"gpt: {n} devices of context axis {axes.context!r} hold {idx.shape[1]} tokens each, a sequence of "
+            f"{n * idx.shape[1]}, but block_size is only {config.block_size}; crop the input before splitting it"
+        )
+    positions = context.positions(jax.lax.axis_index(axes.context), n, idx.shape[1], zigzag=True)
+    x = embedding.apply(params["wte"], idx, axis_name=axes.model) + embedding.apply(params["wpe"], positions)
+
+    def layer(p, x, key):  # no dropout under context parallelism (checked above): the key is unused
+        return _ring_block(p, x, config, axes)
+
+    return layer_norm.apply(
+        params["ln_f"], gpt.run_blocks(layer, params["blocks"], x, config, key=None, wrap_block=wrap_block)
+    )
+
+
+def _ring_block(
+    p: Params, x: Float[Array, "batch t d_model"], config: GPTConfig, axes: MeshAxes
+) -> Float[Array, "batch t d_model"]:
+    """`gpt.block` (no dropout) with ring attention over `axes.context` on this device's heads (`axes.model`)."""
+    batch, t, _ = x.shape
+    q, k, v = attention.qkv_heads(p["attn"], layer_norm.apply(p["ln_1"], x), config.attention, axis_name=axes.model)
+    out = ring_attention(q, k, v, axis_name=axes.context, zigzag=True).reshape(batch, t, -1)
+    x = x + linear.apply(p["attn"]["proj"], out, axis_name=axes.model)
+    h = layer_norm.apply(p["ln_2"], x)
+    return x + mlp.apply(p["mlp"], h, activation=config.activation, axis_name=axes.model)
+
+
+def _sequence_hidden(
+    params: Params, idx: Integer[ArrayLike, "batch seq"], config: GPTConfig, key: PRNGKeyArray | None,
+    axis: str, wrap_block: Callable | None,
+) -> Float[Array, "batch seq d_model"]:  # fmt: skip
+    """`gpt.hidden` with the residual stream on this device's slice of the sequence (`axis`): the vocab-parallel
+    embedding reduce-scattered, each block on the slice, ln_f on it, then the whole sequence gathered for the
+    vocab-parallel head. The dropout keys are gpt.hidden's, so the masks are tensor parallelism's."""
+    idx = jnp.asarray(idx)
+    gpt.check_inputs(params, idx, config, axis_name=axis)
+    sequence.check_length(idx.shape[1], axis)
+    if config.n_experts:
+        raise ValueError(f"gpt: sequence parallelism has the dense MLP only, but n_experts={config.n_experts}")
+    keys = prandom.named_keys(key, "embd", "blocks") if key is not None and config.dropout > 0 else None
+    positions = sequence.local_slice(jnp.arange(idx.shape[1]), axis, axis=0)
+    x = sequence.scatter(embedding.vocab_shard_rows(params["wte"], idx, axis_name=axis), axis)
+    x = x + embedding.apply(params["wpe"], positions)
+    x = sequence.local_dropout(x, rate=config.dropout, key=keys and keys["embd"], axis_name=axis)
+
+    def layer(p, x, key):
+        return _sequence_block(p, x, config, key, axis)
+
+    x = gpt.run_blocks(layer, params["blocks"], x, config, key=keys and keys["blocks"], wrap_block=wrap_block)
+    return sequence.gather(layer_norm.apply(params["ln_f"], x), axis)
+
+
+def _sequence_block(
+    p: Params, x: Float[Array, "batch t d_model"], config: GPTConfig, key: PRNGKeyArray | None, axis: str
+) -> Float[Array, "batch t d_model"]:
+    """`gpt.block` on this device's slice of the sequence (`axis`): x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+    keys = prandom.named_keys(key, "attn", "mlp") if key is not None else {"attn": None, "mlp": None}
+    h = layer_norm.apply(p["ln_1"], x)
+    x = x + sequence.attention(p["attn"], h, config.attention, key=keys["attn"], axis_name=axis)
+    h = layer_norm.apply(p["ln_2"], x)
+    return x + sequence.mlp(
+        p["mlp"], h, activation=config.activation, dropout=config.dropout, key=keys["mlp"], axis_name=axis
+    )
+
+
+def check_shards(params: Params, config: GPTConfig, specs: Params) -> None:
+    """Inside `shard_map`: raise, naming every leaf, unless each param is this device's shard as `specs` say."""
+    parallel.check_shards(params, _shapes(config), specs, "gpt params")

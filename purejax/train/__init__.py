@@ -1,1 +1,0 @@
-"""Training programs, each run as `python -m purejax.train.<name>`."""

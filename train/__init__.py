@@ -1,0 +1,1 @@
+"""Training programs, each run as `python -m train.<name>`."""

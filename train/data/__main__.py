@@ -1,0 +1,51 @@
+"""Prepare a dataset: `python -m train.data [--input PATH] [--tokenizer char|byte] [--out_dir DIR]`.
+
+With no --input, the built-in corpus (Python's own documentation and source, no download) goes to
+data/stdlib/. With one, a text file or a directory of text files goes to data/<its name>/ unless --out_dir
+says otherwise. A byte tokenizer adds "-byte" to the default directory name.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+from train.data.corpus import TEXT_EXTENSIONS, read_source, stdlib_corpus
+from train.data.dataset import DEFAULT, default_dir
+from train.data.prepare import prepare
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the command line; returns the written meta.json contents. Errors exit with status 2."""
+    parser = argparse.ArgumentParser(
+        prog="python -m train.data", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--input", type=Path, default=None,
+        help=f"a text file, or a directory whose {' '.join(TEXT_EXTENSIONS)} files are read in sorted order "
+        "(default: the built-in corpus)",
+    )  # fmt: skip
+    parser.add_argument("--tokenizer", choices=("char", "byte"), default="char")
+    parser.add_argument("--out_dir", type=Path, default=None, help="default: data/stdlib or data/<input name>")
+    args = parser.parse_args(argv)
+
+    try:
+        if args.input is None:
+            source, name = stdlib_corpus(), DEFAULT
+        else:
+            if not args.input.exists():
+                raise FileNotFoundError(f"input path {args.input} does not exist (expected a text file or directory)")
+            source, name = read_source(args.input), args.input.resolve().stem or "text"
+        out_dir = args.out_dir or default_dir("data", name, args.tokenizer)
+        meta = prepare(source, out_dir, args.tokenizer)
+    except (OSError, ValueError) as e:
+        parser.exit(2, f"python -m train.data: error: {e}\n")
+    print(f"{meta['source']}: {meta['text_chars']:,} characters")
+    print(
+        f"wrote {out_dir}: {meta['tokenizer']} tokenizer, vocab {meta['vocab_size']}; "
+        f"{meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens"
+    )
+    return meta
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,105 @@
+"""Turn a corpus into a prepared dataset directory: `train.bin`, `val.bin`, `tokenizer.json`, `meta.json`.
+
+The format is nanoGPT's: the token ids of the whole text, the first 90% in `train.bin` and the last 10% in
+`val.bin`, each a headerless array of little-endian uint16 (so a nanoGPT `.bin` reads here, and ours there).
+Beside them:
+
+- `tokenizer.json`: the tokenizer (see `tokenizers.py`), JSON rather than nanoGPT's pickled `meta.pkl`;
+- `meta.json`: where the text came from and what was made of it: the source description and file list,
+  the Python version, the text's size and SHA-256, the tokenizer kind and vocabulary size, the token counts.
+
+`meta.json` is written last, and removed first when a directory is prepared again: a directory with all
+four files is complete, whatever was interrupted.
+"""
+
+import hashlib
+import json
+import os
+import platform
+from pathlib import Path
+
+import numpy as np
+
+from train.data.corpus import Source
+from train.data.tokenizers import make_tokenizer, save_tokenizer
+
+FILES = ("train.bin", "val.bin", "tokenizer.json", "meta.json")
+DTYPE = np.dtype("<u2")  # uint16, little-endian: ids 0..65535
+MAX_VOCAB = 2**16
+
+
+def text_sha256(text: str) -> str:
+    """The hex SHA-256 of `text`'s UTF-8 bytes: the identity of a corpus."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def split_point(n_tokens: int) -> int:
+    """How many of `n_tokens` go to train: the first 90%, rounded down (integer arithmetic, so exact)."""
+    return n_tokens * 9 // 10
+
+
+def check_writable(out_dir: str | Path, what: str = "the dataset") -> Path:
+    """Create `out_dir` if needed and check that files can be written in it, before any work is done; an
+    OSError naming `what` and the directory if not."""
+    out_dir = Path(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        reason = e.strerror or e
+        raise OSError(f"cannot write {what} to out_dir {str(out_dir)!r} (it is not writable: {reason}); "
+                      f"choose another --out_dir") from None  # fmt: skip
+    return out_dir
+
+
+def _write_atomically(path: Path, write) -> None:
+    """Call `write(tmp_path)`, then rename it to `path`, so `path` is never seen half-written."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def prepare(source: Source, out_dir: str | Path, tokenizer: str = "char") -> dict:
+    """Tokenize `source.text` with a new tokenizer of kind `tokenizer` ("char" or "byte") and write the
+    dataset files into `out_dir`. Returns the contents of `meta.json`.
+
+    Raises ValueError for an empty text, one too short to split (fewer than 2 tokens), or a character
+    vocabulary too large for uint16 ids; OSError if `out_dir` cannot be written.
+    """
+    out_dir = check_writable(out_dir)
+    text = source.text
+    if not text:
+        raise ValueError(f"the input is empty ({source.description}); there is nothing to train on")
+    tok = make_tokenizer(tokenizer, text)
+    if tok.vocab_size > MAX_VOCAB:
+        raise ValueError(
+            f"the text has {tok.vocab_size:,} distinct characters, more than the {MAX_VOCAB:,} ids a uint16 token "
+            "file can hold; use --tokenizer byte (256 ids for any text)"
+        )
+    ids = tok.encode(text)
+    n_train = split_point(len(ids))
+    if n_train == 0:
+        raise ValueError(f"the input is {len(ids)} token(s) long: too short to split into train and val")
+    meta = {
+        "source": source.description,
+        "files": source.files,
+        "python_version": platform.python_version(),
+        "text_chars": len(text),
+        "text_bytes": len(text.encode("utf-8", "surrogatepass")),
+        "text_sha256": text_sha256(text),
+        "tokenizer": tok.kind,
+        "vocab_size": tok.vocab_size,
+        "dtype": "uint16 little-endian",
+        "tokens": len(ids),
+        "train_tokens": n_train,
+        "val_tokens": len(ids) - n_train,
+    }
+    (out_dir / "meta.json").unlink(missing_ok=True)
+    tokens = ids.astype(DTYPE)
+    _write_atomically(out_dir / "train.bin", lambda p: tokens[:n_train].tofile(p))
+    _write_atomically(out_dir / "val.bin", lambda p: tokens[n_train:].tofile(p))
+    _write_atomically(out_dir / "tokenizer.json", lambda p: save_tokenizer(tok, p))
+    _write_atomically(out_dir / "meta.json", lambda p: p.write_text(json.dumps(meta, indent=1) + "\n"))
+    return meta
