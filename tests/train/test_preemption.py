@@ -17,7 +17,10 @@ from purejax import checkpoint
 from tests.train.test_gpt import ROOT, TINY, _leaves, corpus, final_state  # noqa: F401 - corpus: a fixture
 
 pytestmark = pytest.mark.slow
-COMMON = [*TINY, "--max_iters=60", "--lr_decay_iters=60", "--eval_interval=1000", "--eval_iters=1",
+# JAX's notifier looks for a SIGTERM once a second, so the run is long enough (several seconds even on a fast
+# machine) that the notice always lands while it trains; a run that ended first would have nothing to stop.
+ITERS = 400
+COMMON = [*TINY, f"--max_iters={ITERS}", "--lr_decay_iters=60", "--eval_interval=1000", "--eval_iters=1",
           "--log_interval=1", "--n_layer=1", "--compile_cache=off"]  # fmt: skip
 
 
@@ -55,7 +58,7 @@ def preempt(tmp_path: Path, n: int, targets: list[int], args: list[str], port: i
     assert done[0][1].count("(signal)") == 1, done[0][1]  # process 0 writes the one checkpoint
     manager = checkpoint.CheckpointManager(tmp_path / "stopped")
     stopped_at = manager.latest_step()
-    assert 0 < stopped_at < 60 and checkpoint.restore(manager.path(stopped_at))[1].metadata["reason"] == "signal"
+    assert 0 < stopped_at < ITERS and checkpoint.restore(manager.path(stopped_at))[1].metadata["reason"] == "signal"
     return stopped_at
 
 
@@ -72,7 +75,9 @@ def test_after_one_process_is_preempted_the_resumed_run_is_bit_exact(tmp_path, c
     assert [status for status, _ in resumed] == [0, 0] and f"at iter {stopped_at}" in resumed[0][1], resumed
     straight = finish_all(start_processes(2, [*args, "--out_dir=straight"], tmp_path, 23453))
     assert [status for status, _ in straight] == [0, 0], straight
-    for a, b in zip(_leaves(final_state(tmp_path / "straight", 60)), _leaves(final_state(tmp_path / "stopped", 60))):
+    for a, b in zip(
+        _leaves(final_state(tmp_path / "straight", ITERS)), _leaves(final_state(tmp_path / "stopped", ITERS))
+    ):
         np.testing.assert_array_equal(a, b)
 
 
@@ -87,4 +92,4 @@ def test_sigterm_to_the_launcher_stops_its_processes_with_one_checkpoint(tmp_pat
     launcher.send_signal(signal.SIGTERM)
     status, out = finish_all([launcher])[0]
     assert status == 0 and out.count("(signal)") == 1, out
-    assert 0 < checkpoint.CheckpointManager(tmp_path / "stopped").latest_step() < 60
+    assert 0 < checkpoint.CheckpointManager(tmp_path / "stopped").latest_step() < ITERS
