@@ -63,8 +63,7 @@ def demo(args: list[str]) -> int:
     out_dir = train_out_dir(args)
     if out_dir is None:
         return 2
-    return run(["-m", "train.gpt", *args]) or run(["-m", "train.sample", f"--out_dir={out_dir}",
-                                                           "--num_samples=1"])  # fmt: skip
+    return run(["-m", "train.gpt", *args]) or run(["-m", "train.sample", f"--out_dir={out_dir}", "--num_samples=1"])
 
 
 def test_workers(args: list[str]) -> list[str]:

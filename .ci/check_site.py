@@ -179,8 +179,16 @@ def start_chromium(browser: str, profile: str) -> tuple[subprocess.Popen, DevToo
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     # --no-sandbox: CI containers run as root, where chromium's sandbox refuses to start.
-    flags = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-             f"--remote-debugging-port={port}", f"--user-data-dir={profile}", "--window-size=1280,900"]  # fmt: skip
+    flags = [
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        f"--remote-debugging-port={port}",
+        f"--user-data-dir={profile}",
+        "--window-size=1280,900",
+    ]
     process = subprocess.Popen([browser, *flags, "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + TIMEOUT_S
     while True:

@@ -50,11 +50,15 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     device = f"{jax.default_backend()} ({jax.devices()[0].device_kind})"
-    print(f"backend {device}, jax {jax.__version__}, batch {args.batch}, median of {args.repeats}; "
-          f"conv.apply's 'auto' uses shifts on {list(conv.SHIFTS_BACKENDS)}")  # fmt: skip
+    print(
+        f"backend {device}, jax {jax.__version__}, batch {args.batch}, median of {args.repeats}; "
+        f"conv.apply's 'auto' uses shifts on {list(conv.SHIFTS_BACKENDS)}"
+    )
     print()
-    print("| input (NHWC) | stride | fwd XLA ms | fwd shifts ms | fwd ratio "
-          "| fwd+bwd XLA ms | fwd+bwd shifts ms | fwd+bwd ratio |")  # fmt: skip
+    print(
+        "| input (NHWC) | stride | fwd XLA ms | fwd shifts ms | fwd ratio "
+        "| fwd+bwd XLA ms | fwd+bwd shifts ms | fwd+bwd ratio |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     rng = np.random.default_rng(0)
     for size, channels, stride in SHAPES:
@@ -72,8 +76,11 @@ def main(argv=None):
             [lambda x, w, dy, f=f, stride=stride: f(x, w, dy, stride) for f in bwd], (x, w, dy), args.repeats
         )
         (fx, fs), (bx, bs) = fwd_times, bwd_times
-        print(f"| {args.batch}x{size}x{size}x{channels} | {stride} | {fx * 1e3:.2f} | {fs * 1e3:.2f} | {fx / fs:.1f} "
-              f"| {bx * 1e3:.2f} | {bs * 1e3:.2f} | {bx / bs:.1f} |", flush=True)  # fmt: skip
+        print(
+            f"| {args.batch}x{size}x{size}x{channels} | {stride} | {fx * 1e3:.2f} | {fs * 1e3:.2f} | {fx / fs:.1f} "
+            f"| {bx * 1e3:.2f} | {bs * 1e3:.2f} | {bx / bs:.1f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -66,8 +66,9 @@ def make_batch(config: dit.DiTConfig, batch: int):
 def make_weights(config: dit.DiTConfig):
     """dit.init plus N(0, 0.02^2) noise, so the zero-initialised modulation is not trivially zero."""
     rng = np.random.default_rng(1)
-    return jax.tree.map(lambda a: np.asarray(a) + rng.normal(0, 0.02, a.shape).astype(np.float32),
-                        dit.init(jax.random.key(0), config))  # fmt: skip
+    return jax.tree.map(
+        lambda a: np.asarray(a) + rng.normal(0, 0.02, a.shape).astype(np.float32), dit.init(jax.random.key(0), config)
+    )
 
 
 def make_purejax(weights, config, batch, layers="scan"):
@@ -154,8 +155,13 @@ def nnx_model(weights, config):
     for i, block in enumerate(model.blocks):
         w = jax.tree.map(lambda a, i=i: a[i], weights["blocks"])
         qkv = {name: a[..., to_split] for name, a in w["attn"]["qkv"].items()}
-        for module, linear in ((block.adaln, w["adaln"]), (block.qkv, qkv), (block.attn_proj, w["attn"]["proj"]),
-                               (block.fc, w["mlp"]["fc"]), (block.mlp_proj, w["mlp"]["proj"])):  # fmt: skip
+        for module, linear in (
+            (block.adaln, w["adaln"]),
+            (block.qkv, qkv),
+            (block.attn_proj, w["attn"]["proj"]),
+            (block.fc, w["mlp"]["fc"]),
+            (block.mlp_proj, w["mlp"]["proj"]),
+        ):
             copy(module, linear)
     return model
 
@@ -165,8 +171,9 @@ def make_nnx(weights, config, batch):
     from flax import nnx
 
     model = nnx_model(weights, config)
-    optimizer = nnx.Optimizer(model, optax.chain(optax.clip_by_global_norm(CLIP), optax.adamw(LR, weight_decay=0.0)),
-                              wrt=nnx.Param)  # fmt: skip
+    optimizer = nnx.Optimizer(
+        model, optax.chain(optax.clip_by_global_norm(CLIP), optax.adamw(LR, weight_decay=0.0)), wrt=nnx.Param
+    )
     z, t, y, target = batch
 
     @nnx.jit
@@ -214,8 +221,10 @@ def main(argv=None):
         parser.error(f"unknown config {', '.join(unknown)}; valid: {', '.join(CASES)}")
     import flax
 
-    print(f"jax {jax.__version__}, flax {flax.__version__}; backend {jax.default_backend()}, {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print(
+        f"jax {jax.__version__}, flax {flax.__version__}; backend {jax.default_backend()}, {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
     results = {name: run_case(name, args.repeats) for name in args.configs.split(",")}
     print(f"load average at the end {os.getloadavg()[0]:.1f}\n")
     print("| config | peer | step ms | time / purejax | first call s |\n|---|---|---:|---:|---:|")

@@ -89,13 +89,34 @@ def section_profile(setup: Setup, repeats) -> dict:
         busy = {k: statistics.median(r[name].get(k, 0.0) for r in rounds) for k in (*KINDS, "wall", "thunks")}
         moved = movement(hlo)
         total = sum(busy.get(k, 0.0) for k in KINDS)
-        rows.append([name, f"{ms[name]:.1f}", f"{ms[name] / ms['purejax']:.2f}", f"{busy['wall']:.1f}",
-                     *(f"{busy.get(k, 0.0):.1f}" for k in KINDS), f"{total:.1f}", f"{busy['thunks']:.0f}",
-                     " + ".join(f"{n} {kind}" for kind, (n, _) in sorted(moved.items())) or "0",
-                     f"{sum(b for _, b in moved.values()) / 2**20:.1f}"])  # fmt: skip
+        rows.append(
+            [
+                name,
+                f"{ms[name]:.1f}",
+                f"{ms[name] / ms['purejax']:.2f}",
+                f"{busy['wall']:.1f}",
+                *(f"{busy.get(k, 0.0):.1f}" for k in KINDS),
+                f"{total:.1f}",
+                f"{busy['thunks']:.0f}",
+                " + ".join(f"{n} {kind}" for kind, (n, _) in sorted(moved.items())) or "0",
+                f"{sum(b for _, b in moved.values()) / 2**20:.1f}",
+            ]
+        )
     print(f"\n### {setup.name}: where the step's time goes (ms per step; busy = summed over XLA's threads)")
-    table(("contender", "step ms", "/ purejax", "profiled ms", *KINDS, "busy total", "kernels run",
-            "movement ops in HLO", "their MiB"), rows)  # fmt: skip
+    table(
+        (
+            "contender",
+            "step ms",
+            "/ purejax",
+            "profiled ms",
+            *KINDS,
+            "busy total",
+            "kernels run",
+            "movement ops in HLO",
+            "their MiB",
+        ),
+        rows,
+    )
     return built
 
 
@@ -110,15 +131,34 @@ def section_dots(setup: Setup, built: dict, repeats: int) -> None:
             totals[contender, "torch"] += torch_s * runs * 1e3
             totals[contender, "gflop"] += dot.flops * runs / 1e9
             if contender == "purejax":
-                rows.append([dot.describe(), dot.kernel, runs, f"{xla * 1e6:.0f}", f"{torch_s * 1e6:.0f}",
-                             f"{dot.flops / xla / 1e9:.0f}", f"{dot.flops / torch_s / 1e9:.0f}"])  # fmt: skip
+                rows.append(
+                    [
+                        dot.describe(),
+                        dot.kernel,
+                        runs,
+                        f"{xla * 1e6:.0f}",
+                        f"{torch_s * 1e6:.0f}",
+                        f"{dot.flops / xla / 1e9:.0f}",
+                        f"{dot.flops / torch_s / 1e9:.0f}",
+                    ]
+                )
     print(f"\n### {setup.name}: purejax's matmuls alone (dims in memory order, k = contracted, b = batch)")
     table(("dot", "XLA kernel", "runs / step", "XLA us", "torch us", "XLA GFLOP/s", "torch GFLOP/s"), rows)
     tp = torch_profile(setup)
     print(f"\n### {setup.name}: matmul totals per step (ms)")
-    table(("step", "GFLOP", "XLA dots alone", "same dots in torch", "torch / XLA"),
-           [[c, f"{totals[c, 'gflop']:.2f}", f"{totals[c, 'xla']:.1f}", f"{totals[c, 'torch']:.1f}",
-             f"{totals[c, 'torch'] / totals[c, 'xla']:.2f}"] for c in ("purejax-3d", "purejax")])  # fmt: skip
+    table(
+        ("step", "GFLOP", "XLA dots alone", "same dots in torch", "torch / XLA"),
+        [
+            [
+                c,
+                f"{totals[c, 'gflop']:.2f}",
+                f"{totals[c, 'xla']:.1f}",
+                f"{totals[c, 'torch']:.1f}",
+                f"{totals[c, 'torch'] / totals[c, 'xla']:.2f}",
+            ]
+            for c in ("purejax-3d", "purejax")
+        ],
+    )
     print(
         f"torch eager step under its profiler: {tp['wall']:.1f} ms, of which matmul kernels {tp['matmul']:.1f} ms"
         f" and attention kernels {tp['attention']:.1f} ms"
@@ -127,10 +167,12 @@ def section_dots(setup: Setup, built: dict, repeats: int) -> None:
 
 def section_attention(setup: Setup, repeats) -> None:
     """purejax with the fused attention against the einsum formulation, and the same with 3-D matmuls."""
-    steps = {"fused": setup.build(make_purejax, attention_impl="fused"),
-             "einsum": setup.build(make_purejax, attention_impl="einsum"),
-             "3-D matmuls, fused": setup.build(make_purejax_3d, attention_impl="fused"),
-             "3-D matmuls, einsum": setup.build(make_purejax_3d, attention_impl="einsum")}  # fmt: skip
+    steps = {
+        "fused": setup.build(make_purejax, attention_impl="fused"),
+        "einsum": setup.build(make_purejax, attention_impl="einsum"),
+        "3-D matmuls, fused": setup.build(make_purejax_3d, attention_impl="fused"),
+        "3-D matmuls, einsum": setup.build(make_purejax_3d, attention_impl="einsum"),
+    }
     losses = {name: float(step()) for name, step in steps.items()}
     ms = medians(steps, setup, repeats)
     print(f"\n### {setup.name}: attention formulation (purejax step)")

@@ -79,8 +79,29 @@ def section_flags(configs, repeats) -> None:
             pj, old = run["ms"]["purejax"], run["ms"]["purejax-3d"]
             fusions = ", ".join(f"{n} {k.strip('_')}" for k, n in run["fusions"].items()) or "none"
             flags = f"`{FLAGS[label]}`" if FLAGS.get(label) else "(none)"
-            rows.append([label, flags, f"{pj:.1f}", f"{pj / base:.2f}", f"{old:.1f}", f"{old / pj:.2f}",
-                         f"{run['losses'][0] - ref:+.1e}", f"{fusions}; {run['dots']} dots"])  # fmt: skip
+            rows.append(
+                [
+                    label,
+                    flags,
+                    f"{pj:.1f}",
+                    f"{pj / base:.2f}",
+                    f"{old:.1f}",
+                    f"{old / pj:.2f}",
+                    f"{run['losses'][0] - ref:+.1e}",
+                    f"{fusions}; {run['dots']} dots",
+                ]
+            )
         print(f"\n### {name}: XLA flags (each in its own process; / default: against the mean of both default runs)")
-        table(("setting", "XLA_FLAGS", "purejax ms", "/ default", "purejax-3d ms", "3d / purejax",
-                "loss - default's", "library fusions in the step"), rows)  # fmt: skip
+        table(
+            (
+                "setting",
+                "XLA_FLAGS",
+                "purejax ms",
+                "/ default",
+                "purejax-3d ms",
+                "3d / purejax",
+                "loss - default's",
+                "library fusions in the step",
+            ),
+            rows,
+        )

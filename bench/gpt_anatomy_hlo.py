@@ -175,11 +175,18 @@ def step_dots(hlo_text: str, n_layer: int) -> collections.Counter:
             continue
         operands = re.search(r" dot\(%([\w.-]+), %([\w.-]+)\)", instr.line).groups()
         (lhs, lpos), (rhs, rpos) = (_physical(hlo[o].shape) for o in operands)
-        dot = Dot(lhs, rhs,
-                  (tuple(lpos[d] for d in _dims(instr.line, "lhs_contracting_dims")),
-                   tuple(rpos[d] for d in _dims(instr.line, "rhs_contracting_dims"))),
-                  (tuple(lpos[d] for d in _dims(instr.line, "lhs_batch_dims")),
-                   tuple(rpos[d] for d in _dims(instr.line, "rhs_batch_dims"))),
-                  "YNNPACK" if instr.computation in ynn else "Eigen")  # fmt: skip
+        dot = Dot(
+            lhs,
+            rhs,
+            (
+                tuple(lpos[d] for d in _dims(instr.line, "lhs_contracting_dims")),
+                tuple(rpos[d] for d in _dims(instr.line, "rhs_contracting_dims")),
+            ),
+            (
+                tuple(lpos[d] for d in _dims(instr.line, "lhs_batch_dims")),
+                tuple(rpos[d] for d in _dims(instr.line, "rhs_batch_dims")),
+            ),
+            "YNNPACK" if instr.computation in ynn else "Eigen",
+        )
         out[dot] += n_layer if "while/body" in instr.line else 1
     return out

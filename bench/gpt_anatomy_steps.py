@@ -189,6 +189,7 @@ def medians(steps: dict, setup: Setup, repeats: int | None = None) -> dict[str, 
     """Interleaved median ms per step of each named step function, gpt_train's sampling for the config."""
     case = setup.case
     iters = None if case.sample_seconds else 1  # small: one step per sample
-    seconds = interleaved_medians(list(steps.values()), (), repeats or case.repeats + 2, iters=iters,
-                                  sample_seconds=case.sample_seconds or 0.05)  # fmt: skip
+    seconds = interleaved_medians(
+        list(steps.values()), (), repeats or case.repeats + 2, iters=iters, sample_seconds=case.sample_seconds or 0.05
+    )
     return {name: s * 1e3 for name, s in zip(steps, seconds)}

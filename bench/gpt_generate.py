@@ -163,8 +163,9 @@ def compare_recompute(params, config, prompt_len, repeats):
             if fn is None:
                 out = recompute_generate(params, prompt, config, n)
             else:
-                out = jax.block_until_ready(fn(params, prompt, config, key=jax.random.key(1), max_new_tokens=n,
-                                               temperature=0.0))  # fmt: skip
+                out = jax.block_until_ready(
+                    fn(params, prompt, config, key=jax.random.key(1), max_new_tokens=n, temperature=0.0)
+                )
             times[name].append(time.perf_counter() - start)
     agree = float(np.mean(np.asarray(cached) == np.asarray(out)))
     return statistics.median(times["cached"]), statistics.median(times["recompute"]), agree
@@ -194,9 +195,11 @@ def main(argv=None):
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, load average {os.getloadavg()[0]:.1f}, {config}")
     read, rate = machine_rates()
     print(f"prompt {args.prompt}, {args.block - args.prompt} new tokens, greedy; per-step medians of {args.repeats}")
-    print(f"{'batch':>5s} {'MB read':>8s} {'floor ms':>9s} {'MFLOP':>6s} {'compute ms':>11s} {'step ms':>8s} "
-          f"{'x floor':>8s} {'x roof':>7s} {'tokens/s':>9s} {'before ms':>10s} {'x floor':>8s} {'tokens/s':>9s} "
-          f"{'same':>5s}")  # fmt: skip
+    print(
+        f"{'batch':>5s} {'MB read':>8s} {'floor ms':>9s} {'MFLOP':>6s} {'compute ms':>11s} {'step ms':>8s} "
+        f"{'x floor':>8s} {'x roof':>7s} {'tokens/s':>9s} {'before ms':>10s} {'x floor':>8s} {'tokens/s':>9s} "
+        f"{'same':>5s}"
+    )
     for batch in args.batches:
         nbytes, flops = sum(step_bytes(params, config, batch)), sum(step_flops(params, config, batch))
         floor, compute = nbytes / read, flops / rate

@@ -124,11 +124,26 @@ def run_config(name: str, repeats: int | None, rounds: int) -> None:
     ms = medians({"purejax": purejax, "torch": torch_step, "purejax fwd+bwd": fwd_bwd}, setup, repeats)
     ratio, left = headline(ms["purejax"], ms["torch"])
     print(f"\n### {name}: purejax's default step against torch eager (ms per step, interleaved medians)")
-    table(("purejax", "torch", "torch / purejax", "left to close", "purejax fwd+bwd",
-           "purejax step - fwd+bwd (clip + AdamW)"),
-          [[f"{ms['purejax']:.1f}", f"{ms['torch']:.1f}", f"{ratio:.2f}",
-            f"{left:.0%}" if left > 0 else "none: purejax is faster",
-            f"{ms['purejax fwd+bwd']:.1f}", f"{ms['purejax'] - ms['purejax fwd+bwd']:.1f}"]])  # fmt: skip
+    table(
+        (
+            "purejax",
+            "torch",
+            "torch / purejax",
+            "left to close",
+            "purejax fwd+bwd",
+            "purejax step - fwd+bwd (clip + AdamW)",
+        ),
+        [
+            [
+                f"{ms['purejax']:.1f}",
+                f"{ms['torch']:.1f}",
+                f"{ratio:.2f}",
+                f"{left:.0%}" if left > 0 else "none: purejax is faster",
+                f"{ms['purejax fwd+bwd']:.1f}",
+                f"{ms['purejax'] - ms['purejax fwd+bwd']:.1f}",
+            ]
+        ],
+    )
     # Profiles in rounds, each side once per round, medians per kind: a burst of other jobs spoils one round.
     pj_rounds, th_rounds, rests = [], [], []
     for _ in range(rounds):
@@ -139,8 +154,10 @@ def run_config(name: str, repeats: int | None, rounds: int) -> None:
         rests.append(rest)
     th = median_dicts(th_rounds)
     print(f"\n### {name}: where the gap goes (ms per step under the profilers, medians of {rounds} rounds)")
-    table(("kind", "purejax", "torch", "purejax - torch", "share of the gap", "detail"),
-          gap_rows(median_dicts(pj_rounds), th, rests[len(rests) // 2]))  # fmt: skip
+    table(
+        ("kind", "purejax", "torch", "purejax - torch", "share of the gap", "detail"),
+        gap_rows(median_dicts(pj_rounds), th, rests[len(rests) // 2]),
+    )
 
 
 def main(argv=None):

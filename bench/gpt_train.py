@@ -85,8 +85,15 @@ class Case:
 
 def _config(n_layer, n_head, n_embd, block_size, vocab_size=65) -> gpt.GPTConfig:
     """A case's model: nanoGPT's bias=False, `layers` left at GPTConfig's default (the `purejax` contender's)."""
-    return gpt.GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
-                         n_embd=n_embd, dropout=0.0, bias=False)  # fmt: skip
+    return gpt.GPTConfig(
+        block_size=block_size,
+        vocab_size=vocab_size,
+        n_layer=n_layer,
+        n_head=n_head,
+        n_embd=n_embd,
+        dropout=0.0,
+        bias=False,
+    )
 
 
 SMALL = _config(6, 6, 384, 256)  # shakespeare-char's shape (nanoGPT's config/train_shakespeare_char.py)
@@ -98,8 +105,20 @@ CASES = {
     # GPT-2 124M (GPT-2's vocabulary padded to 50304, nanoGPT's; no biases): for a GPU
     "gpt2": Case(_config(12, 12, 768, 1024, vocab_size=50304), batch=16, repeats=5, sample_seconds=1.0),
 }
-PEERS = ("purejax", "purejax-scan", "purejax-loop", "raw", "raw-scan", "nnx", "nnx-tree", "nnx-split", "equinox",
-         "haiku", "torch", "torch-compile")  # fmt: skip
+PEERS = (
+    "purejax",
+    "purejax-scan",
+    "purejax-loop",
+    "raw",
+    "raw-scan",
+    "nnx",
+    "nnx-tree",
+    "nnx-split",
+    "equinox",
+    "haiku",
+    "torch",
+    "torch-compile",
+)
 DEFAULT_PEERS = tuple(p for p in PEERS if p != "raw-scan")  # raw-scan on request: it keeps the run shorter
 BIAS_SUFFIX = "-bias"
 
@@ -179,8 +198,10 @@ def run_case(name, case, peers, repeats, dtype="float32"):
     for peer in peers:
         try:
             steps[peer], losses[peer], first[peer] = first_losses(peer, weights, config, x, y, dtype)
-            print(f"  {peer:14s} first call {first[peer]:6.2f}s, losses {losses[peer][0]:.7f} {losses[peer][1]:.7f}",
-                  flush=True)  # fmt: skip
+            print(
+                f"  {peer:14s} first call {first[peer]:6.2f}s, losses {losses[peer][0]:.7f} {losses[peer][1]:.7f}",
+                flush=True,
+            )
         except Exception as e:  # a peer that cannot run here (e.g. torch.compile without a compiler) is reported
             failed[peer] = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
             print(f"  {peer:14s} FAILED: {failed[peer]}", flush=True)
@@ -198,8 +219,9 @@ def run_case(name, case, peers, repeats, dtype="float32"):
 
     timed = list(steps)
     iters = None if case.sample_seconds else 1
-    seconds = interleaved_medians([steps[p] for p in timed], (), repeats or case.repeats, iters=iters,
-                                  sample_seconds=case.sample_seconds or 0.05)  # fmt: skip
+    seconds = interleaved_medians(
+        [steps[p] for p in timed], (), repeats or case.repeats, iters=iters, sample_seconds=case.sample_seconds or 0.05
+    )
     return {peer: (seconds[timed.index(peer)], first[peer]) if peer in steps else failed[peer] for peer in peers}
 
 
@@ -234,15 +256,21 @@ def mfu_peak(platform: str, device_kind: str, rates: list[float]) -> tuple[float
     peak = run.accelerator_peak_flops(device_kind) if platform != "cpu" else None
     if peak:
         return peak, f"{device_kind}'s dense bfloat16 peak, {peak / 1e12:.0f} TFLOP/s (the vendor's data sheet)"
-    return max(rates), (f"the best float32 matmul rate (1024^3, jitted), 3 at the start and 3 at the end: "
-                        f"{', '.join(f'{r / 1e9:.0f}' for r in rates)} GFLOP/s")  # fmt: skip
+    return max(rates), (
+        f"the best float32 matmul rate (1024^3, jitted), 3 at the start and 3 at the end: "
+        f"{', '.join(f'{r / 1e9:.0f}' for r in rates)} GFLOP/s"
+    )
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", default="tiny,baby,small", help=f"comma-separated, from {', '.join(CASES)}")
-    parser.add_argument("--bias", default="false", choices=("false", "true", "both"),
-                        help="each config without biases, with GPT-2's (labelled CONFIG-bias), or both")  # fmt: skip
+    parser.add_argument(
+        "--bias",
+        default="false",
+        choices=("false", "true", "both"),
+        help="each config without biases, with GPT-2's (labelled CONFIG-bias), or both",
+    )
     parser.add_argument("--repeats", type=int, default=None, help="samples per contender (default: 9, 7, 3 by config)")
     parser.add_argument("--peers", default=",".join(DEFAULT_PEERS), help=f"comma-separated, from {', '.join(PEERS)}")
     parser.add_argument(
@@ -264,8 +292,10 @@ def main(argv=None):
     start = time.perf_counter()
     rates = [measure_matmul_flops() for _ in range(3)]
     load = os.getloadavg()[0]
-    print(f"{versions()}; backend {jax.default_backend()} ({jax.devices()[0].device_kind}), {os.cpu_count()} CPUs, "
-          f"load average {load:.1f}; compute dtype {dtype}")  # fmt: skip
+    print(
+        f"{versions()}; backend {jax.default_backend()} ({jax.devices()[0].device_kind}), {os.cpu_count()} CPUs, "
+        f"load average {load:.1f}; compute dtype {dtype}"
+    )
     runs = cases(configs, args.bias)
     results = {name: run_case(name, case, peers, args.repeats, dtype) for name, case in runs.items()}
     rates += [measure_matmul_flops() for _ in range(3)]

@@ -30,8 +30,13 @@ def optax_adamw():
     (optax's warmup starts at init_value; lr / (warmup + 1) makes it nanoGPT's) and the ndim >= 2 decay rule."""
     import optax
 
-    schedule = optax.warmup_cosine_decay_schedule(TRAIN.learning_rate / (TRAIN.warmup_iters + 1), TRAIN.learning_rate,
-                                                  TRAIN.warmup_iters, TRAIN.lr_decay_iters, TRAIN.min_lr)  # fmt: skip
+    schedule = optax.warmup_cosine_decay_schedule(
+        TRAIN.learning_rate / (TRAIN.warmup_iters + 1),
+        TRAIN.learning_rate,
+        TRAIN.warmup_iters,
+        TRAIN.lr_decay_iters,
+        TRAIN.min_lr,
+    )
     decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
     return optax.chain(
         optax.clip_by_global_norm(GRAD_CLIP),

@@ -74,13 +74,18 @@ def make_torch(weights, config, x, y, compile=False, dtype="float32"):
     device = "cuda" if jax.default_backend() == "gpu" else "cpu"
     model = torch_model(weights, config).to(device)
     params = list(model.parameters())
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": TRAIN.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]  # fmt: skip
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": TRAIN.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
     opt = torch.optim.AdamW(groups, lr=TRAIN.learning_rate, betas=(TRAIN.beta1, TRAIN.beta2), fused=device == "cuda")
     forward = torch.compile(model) if compile else model
     x, y = (torch.from_numpy(np.asarray(a, np.int64)).to(device) for a in (x, y))
-    autocast = lambda: (torch.autocast(device, dtype=getattr(torch, dtype)) if dtype != "float32"  # noqa: E731
-                        else contextlib.nullcontext())  # fmt: skip
+    autocast = lambda: (
+        torch.autocast(device, dtype=getattr(torch, dtype))
+        if dtype != "float32"  # noqa: E731
+        else contextlib.nullcontext()
+    )
     it = 0
 
     def step():

@@ -45,13 +45,23 @@ def raw_weights(weights, config, stacked: bool):
     conversion as for Hugging Face files)."""
     b = weights["blocks"]
     qkv = {k: gpt_hf.qkv_to_hf(np.asarray(v), config) for k, v in b["attn"]["qkv"].items()}
-    ours = {"ln_1": b["ln_1"], "qkv": qkv, "attn_proj": b["attn"]["proj"], "ln_2": b["ln_2"], "fc": b["mlp"]["fc"],
-            "mlp_proj": b["mlp"]["proj"]}  # fmt: skip
+    ours = {
+        "ln_1": b["ln_1"],
+        "qkv": qkv,
+        "attn_proj": b["attn"]["proj"],
+        "ln_2": b["ln_2"],
+        "fc": b["mlp"]["fc"],
+        "mlp_proj": b["mlp"]["proj"],
+    }
     blocks = {name: as_weight_bias(ours[name]) for name in LAYERS}
     if not stacked:
         blocks = [jax.tree.map(lambda a, i=i: a[i], blocks) for i in range(config.n_layer)]
-    return {"wte": weights["wte"]["w"], "wpe": weights["wpe"]["w"], "ln_f": as_weight_bias(weights["ln_f"]),
-            "blocks": blocks}  # fmt: skip
+    return {
+        "wte": weights["wte"]["w"],
+        "wpe": weights["wpe"]["w"],
+        "ln_f": as_weight_bias(weights["ln_f"]),
+        "blocks": blocks,
+    }
 
 
 def layers_of(model, raw):

@@ -107,8 +107,12 @@ def memory(step, state, base, batch) -> dict[str, float]:
     start = time.perf_counter()
     m = step.lower(*shapes).compile().memory_analysis()
     peak = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
-    return {"arguments": m.argument_size_in_bytes / 1e6, "temporaries": m.temp_size_in_bytes / 1e6,
-            "peak": peak / 1e6, "compile_s": time.perf_counter() - start}  # fmt: skip
+    return {
+        "arguments": m.argument_size_in_bytes / 1e6,
+        "temporaries": m.temp_size_in_bytes / 1e6,
+        "peak": peak / 1e6,
+        "compile_s": time.perf_counter() - start,
+    }
 
 
 def batch_of(model, batch, seq, seed=0):
@@ -136,29 +140,51 @@ def timings(cases, batch, repeats: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name, default in (("n_layer", 12), ("n_head", 12), ("n_embd", 768), ("batch", 4), ("seq", 1024),
-                          ("time_batch", 1), ("time_seq", 128), ("repeats", 3), ("rank", 8)):  # fmt: skip
+    for name, default in (
+        ("n_layer", 12),
+        ("n_head", 12),
+        ("n_embd", 768),
+        ("batch", 4),
+        ("seq", 1024),
+        ("time_batch", 1),
+        ("time_seq", 128),
+        ("repeats", 3),
+        ("rank", 8),
+    ):
         parser.add_argument(f"--{name}", type=int, default=default)
     args = parser.parse_args()
-    model = gpt.GPTConfig(block_size=args.seq, vocab_size=50304, n_layer=args.n_layer, n_head=args.n_head,
-                          n_embd=args.n_embd, bias=True, gelu="tanh")  # fmt: skip
+    model = gpt.GPTConfig(
+        block_size=args.seq,
+        vocab_size=50304,
+        n_layer=args.n_layer,
+        n_head=args.n_head,
+        n_embd=args.n_embd,
+        bias=True,
+        gelu="tanh",
+    )
     config = lora.LoraConfig(targets=TARGETS, rank=args.rank, alpha=2.0 * args.rank)
     params = gpt.init(jax.random.key(0), model)
     cases = contenders(model, config, params)
     device = jax.devices()[0]
-    print(f"GPT {args.n_layer}x{args.n_embd} ({tree_lib.count(params) / 1e6:.1f}M params), LoRA {TARGETS} rank "
-          f"{args.rank} ({tree_lib.count(cases['lora-merge'][1].params) / 1e6:.2f}M), {device.platform} "
-          f"({device.device_kind}), jax {jax.__version__}\n")  # fmt: skip
+    print(
+        f"GPT {args.n_layer}x{args.n_embd} ({tree_lib.count(params) / 1e6:.1f}M params), LoRA {TARGETS} rank "
+        f"{args.rank} ({tree_lib.count(cases['lora-merge'][1].params) / 1e6:.2f}M), {device.platform} "
+        f"({device.device_kind}), jax {jax.__version__}\n"
+    )
     big = batch_of(model, args.batch, args.seq)
     rows = {name: memory(step, state, base, big) for name, (step, state, base) in cases.items()}
     ms = timings(cases, batch_of(model, args.time_batch, args.time_seq), args.repeats)
-    print(f"| step | trainable state MB | arguments MB | temporaries MB | peak MB (batch {args.batch}x{args.seq}) "
-          f"| peak / full | ms per step ({args.time_batch}x{args.time_seq}) | time / full |")  # fmt: skip
+    print(
+        f"| step | trainable state MB | arguments MB | temporaries MB | peak MB (batch {args.batch}x{args.seq}) "
+        f"| peak / full | ms per step ({args.time_batch}x{args.time_seq}) | time / full |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for name, (_, state, _) in cases.items():
         r, trainable = rows[name], tree_lib.nbytes((state.params, state.opt_state)) / 1e6
-        print(f"| {name} | {trainable:,.1f} | {r['arguments']:,.0f} | {r['temporaries']:,.0f} | {r['peak']:,.0f} | "
-              f"{r['peak'] / rows['full']['peak']:.2f} | {ms[name]:,.0f} | {ms[name] / ms['full']:.2f} |")  # fmt: skip
+        print(
+            f"| {name} | {trainable:,.1f} | {r['arguments']:,.0f} | {r['temporaries']:,.0f} | {r['peak']:,.0f} | "
+            f"{r['peak'] / rows['full']['peak']:.2f} | {ms[name]:,.0f} | {ms[name] / ms['full']:.2f} |"
+        )
 
 
 if __name__ == "__main__":

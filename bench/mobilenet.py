@@ -36,8 +36,10 @@ def purejax_step(config):
     optimizer = optim.adamw(LR, weight_decay=WEIGHT_DECAY)
     params = mobilenet.init(jax.random.key(0), config)
     state = optim.init_train_state(params, optimizer, jax.random.key(1), model_state=mobilenet.init_state(config))
-    step = jax.jit(functools.partial(optim.train_step, loss_fn=classify.make_loss_fn(config), optimizer=optimizer),
-                   donate_argnums=0)  # fmt: skip
+    step = jax.jit(
+        functools.partial(optim.train_step, loss_fn=classify.make_loss_fn(config), optimizer=optimizer),
+        donate_argnums=0,
+    )
     return params, step, [state]
 
 
@@ -50,8 +52,16 @@ def nnx_model(config, params):
     class Unit(nnx.Module):
         def __init__(self, p, groups, stride):
             kh, kw, cin, cout = p["conv"]["w"].shape
-            self.conv = nnx.Conv(cin * groups, cout, (kh, kw), strides=stride, padding=((kh // 2,) * 2,) * 2,
-                                 feature_group_count=groups, use_bias=False, rngs=rngs)  # fmt: skip
+            self.conv = nnx.Conv(
+                cin * groups,
+                cout,
+                (kh, kw),
+                strides=stride,
+                padding=((kh // 2,) * 2,) * 2,
+                feature_group_count=groups,
+                use_bias=False,
+                rngs=rngs,
+            )
             self.conv.kernel.value = p["conv"]["w"]
             self.bn = nnx.BatchNorm(cout, momentum=1 - config.bn_momentum, epsilon=config.bn_eps, rngs=rngs)
             self.bn.scale.value, self.bn.bias.value = p["bn"]["scale"], p["bn"]["bias"]
@@ -98,8 +108,7 @@ def nnx_step(config, params):
     model = nnx_model(config, params)
     model.train()
     decay_matrices = lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)  # noqa: E731
-    opt = nnx.Optimizer(model, optax.adamw(LR, weight_decay=WEIGHT_DECAY, mask=decay_matrices),
-                        wrt=nnx.Param)  # fmt: skip
+    opt = nnx.Optimizer(model, optax.adamw(LR, weight_decay=WEIGHT_DECAY, mask=decay_matrices), wrt=nnx.Param)
 
     @nnx.jit
     def step(model, opt, batch):
@@ -123,8 +132,10 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
-    batch = (jnp.asarray(rng.uniform(size=(args.batch, args.image_size, args.image_size, 3)), jnp.float32),
-             jnp.asarray(rng.integers(0, 10, args.batch), jnp.int32))  # fmt: skip
+    batch = (
+        jnp.asarray(rng.uniform(size=(args.batch, args.image_size, args.image_size, 3)), jnp.float32),
+        jnp.asarray(rng.integers(0, 10, args.batch), jnp.int32),
+    )
     base = dict(n_classes=10, image_size=args.image_size, width_mult=args.width, dropout=0.0)
     contenders, first, losses_seen = {}, {}, {}
     for impl in ("xla", "shifts"):

@@ -143,8 +143,10 @@ def main() -> None:
         differences[label] = max(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in zip(ours, theirs))
         del sides
     for label, difference in differences.items():
-        print(f"\n{label}: largest relative difference of the two sides' params after {args.repeats + 1} steps: "
-              f"{difference:.1e}")  # fmt: skip
+        print(
+            f"\n{label}: largest relative difference of the two sides' params after {args.repeats + 1} steps: "
+            f"{difference:.1e}"
+        )
         np.testing.assert_array_less(difference, 1e-5)
 
 

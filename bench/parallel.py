@@ -140,9 +140,11 @@ def collective_cells(row: dict, kinds=("collective-permute", "all-reduce")) -> l
 
 
 def sequence_experts_table() -> None:
-    print(f"\nSequence and expert parallelism: the training step as above; EP on the same GPT with every MLP a "
-          f"mixture of {MOE.n_experts} experts (top {MOE.expert_top_k}, capacity factor {MOE.capacity_factor}), "
-          f"{tree_lib.count(gpt.init(jax.random.key(0), MOE)):,} params\n")  # fmt: skip
+    print(
+        f"\nSequence and expert parallelism: the training step as above; EP on the same GPT with every MLP a "
+        f"mixture of {MOE.n_experts} experts (top {MOE.expert_top_k}, capacity factor {MOE.capacity_factor}), "
+        f"{tree_lib.count(gpt.init(jax.random.key(0), MOE)):,} params\n"
+    )
     print(f"| mode | mesh | {' | '.join(f'{k}: ops, KiB/device (theory)' for k in STEP_KINDS)} | other |")
     print("|---|---|" + "---|" * (len(STEP_KINDS) + 1))
     for row in step_rows(CONFIG, BATCH, SEQUENCE_MODES) + step_rows(MOE, BATCH, EXPERT_MODES):
@@ -162,8 +164,10 @@ def pipeline_table() -> None:
         f"\nPipeline parallelism: the loss and gradients (no optimizer step), batch {BATCH}, "
         f"{MICRO_BATCHES} micro-batches\n"
     )
-    print("| mode | pipeline | collective-permute: ops (theory), KiB/device (theory) | all-reduce | other "
-          "| temp KiB/device | buffers KiB (2 x slots x micro-batch) |")  # fmt: skip
+    print(
+        "| mode | pipeline | collective-permute: ops (theory), KiB/device (theory) | all-reduce | other "
+        "| temp KiB/device | buffers KiB (2 x slots x micro-batch) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for row in pipeline_rows(CONFIG, BATCH, MICRO_BATCHES, PIPELINES):
         cells = [*collective_cells(row), f"{row['temp_bytes'] / 1024:.1f}", f"{row['buffer_bytes'] / 1024:.1f}"]
@@ -172,9 +176,11 @@ def pipeline_table() -> None:
 
 def memory_table() -> None:
     memory = context_memory(LONG, LONG_BATCH)
-    print(f"\nContext parallelism, temporaries per device of the loss and gradients (XLA's memory analysis): GPT "
-          f"n_layer={LONG.n_layer} n_head={LONG.n_head} n_embd={LONG.n_embd}, {LONG_BATCH} sequences of "
-          f"{LONG.block_size} tokens\n")  # fmt: skip
+    print(
+        f"\nContext parallelism, temporaries per device of the loss and gradients (XLA's memory analysis): GPT "
+        f"n_layer={LONG.n_layer} n_head={LONG.n_head} n_embd={LONG.n_embd}, {LONG_BATCH} sequences of "
+        f"{LONG.block_size} tokens\n"
+    )
     print("| cp | " + " | ".join(str(cp) for cp in memory) + " |")
     print("|---|" + "---|" * len(memory))
     print("| MiB per device | " + " | ".join(f"{b / 2**20:.1f}" for b in memory.values()) + " |")

@@ -40,15 +40,30 @@ def make_batch(config: gpt.GPTConfig, batch: int):
 
 def single_step(config: gpt.GPTConfig, params, optimizer):
     """The one-device step and its state, built as train/gpt.py builds it."""
-    step = jax.jit(partial(optim.train_step, optimizer=optimizer, max_grad_norm=1.0,
-                           loss_fn=lambda p, b, k: (gpt.loss(p, b, config, key=k), {})))  # fmt: skip
+    step = jax.jit(
+        partial(
+            optim.train_step,
+            optimizer=optimizer,
+            max_grad_norm=1.0,
+            loss_fn=lambda p, b, k: (gpt.loss(p, b, config, key=k), {}),
+        )
+    )
     return step, optim.init_train_state(params, optimizer, jax.random.key(1))
 
 
 def sharded_step(
-    config: gpt.GPTConfig, params, optimizer, dp: int, tp: int, fsdp: bool, devices=None, *, cp: int = 1,
-    sp: bool = False, ep: bool = False,
-):  # fmt: skip
+    config: gpt.GPTConfig,
+    params,
+    optimizer,
+    dp: int,
+    tp: int,
+    fsdp: bool,
+    devices=None,
+    *,
+    cp: int = 1,
+    sp: bool = False,
+    ep: bool = False,
+):
     """The step on a (dp, tp) mesh, or (dp, cp, tp) with the batch's sequences split over the context axis too
     (in zig-zag ring order: `context.to_ring_order`); `sp`, `ep`: sequence and expert parallelism
     (`MeshAxes.of`). Returns the step, the placed state, the params' specs and the mesh."""
@@ -58,9 +73,13 @@ def sharded_step(
     state = optim.init_train_state(params, optimizer, jax.random.key(1))
     state_specs = parallel.state_specs(state, specs)
     step = parallel.sharded_train_step(
-        mesh, state_specs, P(axes.data, axes.context), optimizer=optimizer, max_grad_norm=1.0,
+        mesh,
+        state_specs,
+        P(axes.data, axes.context),
+        optimizer=optimizer,
+        max_grad_norm=1.0,
         loss_fn=lambda p, b, k: (gpt_parallel.loss(p, b, config, key=k, axes=axes), {}),
-    )  # fmt: skip
+    )
     return step, parallel.shard(state, state_specs, mesh), specs, mesh
 
 
@@ -106,18 +125,22 @@ def pipeline_rows(config: gpt.GPTConfig, batch_size: int, n_micro: int, cases) -
     activation = micro_batch_activation(config, batch_size, n_micro)
     rows = []
     for n_stages, name in cases:
-        mesh = jax.make_mesh((n_stages,), (pipeline.PIPE,), devices=jax.devices()[:n_stages],
-                             axis_types=(jax.sharding.AxisType.Auto,))  # fmt: skip
+        mesh = jax.make_mesh(
+            (n_stages,), (pipeline.PIPE,), devices=jax.devices()[:n_stages], axis_types=(jax.sharding.AxisType.Auto,)
+        )
         table = schedules.SCHEDULES[name](n_stages, n_micro)
         placed = parallel.shard(params, pipeline.param_specs(params), mesh)
         compiled = gpt_pipeline.sharded_loss_and_grads(mesh, config, table).lower(placed, batch).compile()
-        rows.append({
-            "mode": f"PP {n_stages} {name}", "mesh": f"{n_stages} stages, M={n_micro}",
-            "got": collectives(compiled.as_text(), mesh.shape),
-            "theory": pipeline_theory(config, shared, batch_size, n_micro, n_stages),
-            "temp_bytes": compiled.memory_analysis().temp_size_in_bytes,
-            "buffer_bytes": 2 * schedules.buffer_slots(table) * activation * 4,
-        })  # fmt: skip
+        rows.append(
+            {
+                "mode": f"PP {n_stages} {name}",
+                "mesh": f"{n_stages} stages, M={n_micro}",
+                "got": collectives(compiled.as_text(), mesh.shape),
+                "theory": pipeline_theory(config, shared, batch_size, n_micro, n_stages),
+                "temp_bytes": compiled.memory_analysis().temp_size_in_bytes,
+                "buffer_bytes": 2 * schedules.buffer_slots(table) * activation * 4,
+            }
+        )
     return rows
 
 

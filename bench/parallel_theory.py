@@ -80,8 +80,12 @@ def theory(
             * moe.capacity(n_tokens, config.n_experts, config.expert_top_k, config.capacity_factor or None)
         )
     # the global norm: one scalar psum per distinct set of axes the gradients are split over
-    out = {"all-reduce": len({tuple(sorted(e for e in s if e)) for s in specs.values()} - {()}),
-           "all-gather": 0, "reduce-scatter": 0, "all-to-all": 0}  # fmt: skip
+    out = {
+        "all-reduce": len({tuple(sorted(e for e in s if e)) for s in specs.values()} - {()}),
+        "all-gather": 0,
+        "reduce-scatter": 0,
+        "all-to-all": 0,
+    }
     if tp > 1:
         # per block, forward and backward, attention's psum and the MLP's (on the slots with experts)
         activations = config.n_layer * (2 * a + 2 * (slots if config.n_experts else a)) + 2 * a

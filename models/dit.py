@@ -133,8 +133,9 @@ def condition(
     params: Params, t: Real[ArrayLike, " batch"], y: Integer[ArrayLike, " batch"], config: DiTConfig
 ) -> Float[Array, "batch d_model"]:
     """c = mlp(sinusoidal(time_scale * t)) + class_table[y]; y == n_classes is the null class."""
-    freqs = timestep_embedding(config.time_scale * jnp.asarray(t), config.freq_dim, max_period=config.max_period,
-                               freq_shift=config.freq_shift)  # fmt: skip
+    freqs = timestep_embedding(
+        config.time_scale * jnp.asarray(t), config.freq_dim, max_period=config.max_period, freq_shift=config.freq_shift
+    )
     dtype = params["t_mlp"]["fc"]["w"].dtype
     t_emb = mlp.apply(params["t_mlp"], freqs.astype(dtype), activation=activations.silu)
     return t_emb + embedding.apply(params["classes"], y)
@@ -205,8 +206,10 @@ def apply_masked(
         raise ValueError(f"dit.apply_masked: mask_ratio must be in [0, 1), got {mask_ratio}")
     seq = config.seq
     if (n_keep := seq - round(mask_ratio * seq)) < 1:
-        raise ValueError(f"dit.apply_masked: mask_ratio={mask_ratio} of {seq} patches keeps none of them "
-                         f"(the loss would be 0); use at most {(seq - 0.5) / seq:.3f}")  # fmt: skip
+        raise ValueError(
+            f"dit.apply_masked: mask_ratio={mask_ratio} of {seq} patches keeps none of them "
+            f"(the loss would be 0); use at most {(seq - 0.5) / seq:.3f}"
+        )
     tokens, c = mixed_tokens(params, x, t, y, config)
     batch = tokens.shape[0]
     ids = keep_ids(key, batch, seq, n_keep)
@@ -243,19 +246,23 @@ def _check_inputs(params: Params, x: Any, t: Any, y: Any, config: DiTConfig) -> 
     x, t, y = jnp.asarray(x), jnp.asarray(t), jnp.asarray(y)
     want = (config.input_size, config.input_size, config.in_channels)
     if x.ndim != 4 or x.shape[1:] != want:
-        raise ValueError(f"dit: x has shape {x.shape}, expected (batch, {', '.join(map(str, want))}) "
-                         f"(NHWC) for {config}")  # fmt: skip
+        raise ValueError(
+            f"dit: x has shape {x.shape}, expected (batch, {', '.join(map(str, want))}) (NHWC) for {config}"
+        )
     for name, a in (("t", t), ("y", y)):
         if a.shape != (x.shape[0],):
             raise ValueError(f"dit: {name} has shape {a.shape}, expected ({x.shape[0]},): one per image")
     if not jnp.issubdtype(y.dtype, jnp.integer):
-        raise TypeError(f"dit: y must hold integer class ids (n_classes={config.n_classes} is the null class), "
-                        f"got {y.dtype}")  # fmt: skip
+        raise TypeError(
+            f"dit: y must hold integer class ids (n_classes={config.n_classes} is the null class), got {y.dtype}"
+        )
     mixer = stack.depth(params["mixer"], "params['mixer']") if config.n_mixer else 0
     got = tuple(params["patch"]["w"].shape), stack.depth(params["blocks"], "params['blocks']"), mixer
     expected = (config.patch_size**2 * config.in_channels, config.d_model), config.n_layer, config.n_mixer
     if got != expected:
-        raise ValueError(f"dit: params have a patch projection of shape {got[0]}, {got[1]} blocks and {got[2]} mixer "
-                         f"blocks, but {config} needs {expected[0]}, {expected[1]} and {expected[2]}; were the params "
-                         f"made with another config?")  # fmt: skip
+        raise ValueError(
+            f"dit: params have a patch projection of shape {got[0]}, {got[1]} blocks and {got[2]} mixer "
+            f"blocks, but {config} needs {expected[0]}, {expected[1]} and {expected[2]}; were the params "
+            f"made with another config?"
+        )
     return x, t, y

@@ -10,8 +10,14 @@ from purejax.nn import attention
 from purejax.nn import remat as remat_lib
 
 # (n_layer, d_model, n_head) of DiT's table 1, plus two sizes small enough to train on a CPU.
-SIZES = {"S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16),
-         "Ti": (4, 128, 4), "Nano": (2, 64, 2)}  # fmt: skip
+SIZES = {
+    "S": (12, 384, 6),
+    "B": (12, 768, 12),
+    "L": (24, 1024, 16),
+    "XL": (28, 1152, 16),
+    "Ti": (4, 128, 4),
+    "Nano": (2, 64, 2),
+}
 NORM_EPS = 1e-6  # DiT's LayerNorms (before attention, before the MLP, in the final layer)
 
 
@@ -67,23 +73,38 @@ class DiTConfig:
     remat: str = "none"
 
     def __post_init__(self):
-        for name in ("input_size", "patch_size", "in_channels", "d_model", "n_layer", "n_head", "n_classes",
-                     "freq_dim", "top_k"):  # fmt: skip
+        for name in (
+            "input_size",
+            "patch_size",
+            "in_channels",
+            "d_model",
+            "n_layer",
+            "n_head",
+            "n_classes",
+            "freq_dim",
+            "top_k",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"DiTConfig: {name} must be a positive int, got {value!r}")
         if self.input_size % self.patch_size:
-            raise ValueError(f"DiTConfig: input_size={self.input_size} is not divisible by "
-                             f"patch_size={self.patch_size}")  # fmt: skip
+            raise ValueError(
+                f"DiTConfig: input_size={self.input_size} is not divisible by patch_size={self.patch_size}"
+            )
         if self.d_model % 4:
-            raise ValueError(f"DiTConfig: d_model={self.d_model} must be divisible by 4 (2-D sin-cos positions: "
-                             f"a sine and a cosine per axis)")  # fmt: skip
+            raise ValueError(
+                f"DiTConfig: d_model={self.d_model} must be divisible by 4 (2-D sin-cos positions: "
+                f"a sine and a cosine per axis)"
+            )
         if self.freq_dim < 4 or not 0 <= self.freq_shift < self.freq_dim // 2:
-            raise ValueError(f"DiTConfig: need freq_dim >= 4 and 0 <= freq_shift < freq_dim // 2, got "
-                             f"freq_dim={self.freq_dim}, freq_shift={self.freq_shift}")  # fmt: skip
+            raise ValueError(
+                f"DiTConfig: need freq_dim >= 4 and 0 <= freq_shift < freq_dim // 2, got "
+                f"freq_dim={self.freq_dim}, freq_shift={self.freq_shift}"
+            )
         if self.n_mixer < 0 or self.n_experts < 0 or self.n_experts == 1:
-            raise ValueError(f"DiTConfig: n_mixer must be >= 0 and n_experts 0 or >= 2, got {self.n_mixer}, "
-                             f"{self.n_experts}")  # fmt: skip
+            raise ValueError(
+                f"DiTConfig: n_mixer must be >= 0 and n_experts 0 or >= 2, got {self.n_mixer}, {self.n_experts}"
+            )
         if self.n_experts and self.top_k > self.n_experts:
             raise ValueError(f"DiTConfig: top_k={self.top_k} is more than n_experts={self.n_experts}")
         for name in ("mlp_ratio", "time_scale", "max_period", "mlp_norm_eps"):
@@ -124,7 +145,9 @@ def preset(name: str, **overrides: Any) -> DiTConfig:
     "B/4", "L/2", and the CPU sizes "Ti/2" and "Nano/2". `overrides` set any other field."""
     size, _, patch = name.partition("/")
     if size not in SIZES or patch not in ("1", "2", "4", "8"):
-        raise ValueError(f"dit.preset: unknown name {name!r}; use <size>/<patch> with size in {sorted(SIZES)} "
-                         f"and patch 1, 2, 4 or 8, e.g. 'XL/2'")  # fmt: skip
+        raise ValueError(
+            f"dit.preset: unknown name {name!r}; use <size>/<patch> with size in {sorted(SIZES)} "
+            f"and patch 1, 2, 4 or 8, e.g. 'XL/2'"
+        )
     n_layer, d_model, n_head = SIZES[size]
     return DiTConfig(n_layer=n_layer, d_model=d_model, n_head=n_head, patch_size=int(patch), **overrides)

@@ -191,9 +191,11 @@ def _check_positions(positions: Any, config: dit.DiTConfig, source: str) -> None
     want = np.asarray(sincos_2d(config.d_model, config.grid))[None]
     positions = np.asarray(positions, np.float32)
     if positions.shape != want.shape or not np.allclose(positions, want, atol=1e-4):
-        raise ValueError(f"{source}: {POSITIONS} of shape {positions.shape} is not DiT's fixed 2-D sin-cos table "
-                         f"{want.shape}: the file was saved with other positions (pos_embed_max_size or an "
-                         f"interpolation_scale), which this model does not support")  # fmt: skip
+        raise ValueError(
+            f"{source}: {POSITIONS} of shape {positions.shape} is not DiT's fixed 2-D sin-cos table "
+            f"{want.shape}: the file was saved with other positions (pos_embed_max_size or an "
+            f"interpolation_scale), which this model does not support"
+        )
 
 
 def _check_copies(tensors: Mapping[str, Any], config: dit.DiTConfig, source: str) -> None:

@@ -95,9 +95,13 @@ class GPTConfig:
     @property
     def attention(self) -> attention.AttentionConfig:
         return attention.AttentionConfig(
-            d_model=self.n_embd, n_head=self.n_head, bias=self.bias, causal=True,
-            dropout=self.dropout, impl=self.attention_impl,
-        )  # fmt: skip
+            d_model=self.n_embd,
+            n_head=self.n_head,
+            bias=self.bias,
+            causal=True,
+            dropout=self.dropout,
+            impl=self.attention_impl,
+        )
 
     @property
     def activation(self) -> Callable[[Array], Array]:
@@ -136,9 +140,14 @@ def init(key: PRNGKeyArray, config: GPTConfig) -> Params:
 
 
 def block_with_stats(
-    params: Params, x: Float[Array, "batch seq d_model"], config: GPTConfig, *, key: PRNGKeyArray | None = None,
-    axis_name: str | None = None, moe_axes: gpt_moe.MoEAxes | None = None,
-) -> tuple[Float[Array, "batch seq d_model"], gpt_moe.Stats]:  # fmt: skip
+    params: Params,
+    x: Float[Array, "batch seq d_model"],
+    config: GPTConfig,
+    *,
+    key: PRNGKeyArray | None = None,
+    axis_name: str | None = None,
+    moe_axes: gpt_moe.MoEAxes | None = None,
+) -> tuple[Float[Array, "batch seq d_model"], gpt_moe.Stats]:
     """One pre-LayerNorm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)), and the mixture of
     experts' statistics (none for a dense MLP). Under tensor parallelism x is replicated over `axis_name`;
     attention and the MLP each end with one psum over it."""
@@ -149,8 +158,17 @@ def block_with_stats(
     if "moe" in params:
         y, stats = gpt_moe.apply(params["moe"], h, config, key=keys["mlp"], axis_name=axis_name, moe_axes=moe_axes)
     else:
-        y, stats = mlp.apply(params["mlp"], h, activation=config.activation, dropout=config.dropout,
-                             key=keys["mlp"], axis_name=axis_name), {}  # fmt: skip
+        y, stats = (
+            mlp.apply(
+                params["mlp"],
+                h,
+                activation=config.activation,
+                dropout=config.dropout,
+                key=keys["mlp"],
+                axis_name=axis_name,
+            ),
+            {},
+        )
     return x + y, stats
 
 
@@ -165,9 +183,15 @@ def hidden(params: Params, idx: Integer[ArrayLike, "batch seq"], config: GPTConf
 
 
 def hidden_with_stats(
-    params: Params, idx: Integer[ArrayLike, "batch seq"], config: GPTConfig, *, key: PRNGKeyArray | None = None,
-    axis_name: str | None = None, wrap_block: Callable | None = None, moe_axes: gpt_moe.MoEAxes | None = None,
-) -> tuple[Float[Array, "batch seq d_model"], gpt_moe.Stats]:  # fmt: skip
+    params: Params,
+    idx: Integer[ArrayLike, "batch seq"],
+    config: GPTConfig,
+    *,
+    key: PRNGKeyArray | None = None,
+    axis_name: str | None = None,
+    wrap_block: Callable | None = None,
+    moe_axes: gpt_moe.MoEAxes | None = None,
+) -> tuple[Float[Array, "batch seq d_model"], gpt_moe.Stats]:
     """Token ids to the final LayerNorm's output (the tied head's input) and the MoE statistics summed over layers."""
     idx = jnp.asarray(idx)
     check_inputs(params, idx, config, axis_name=axis_name)
@@ -187,9 +211,14 @@ def hidden_with_stats(
 
 
 def run_blocks(
-    layer: Callable, blocks: Params, carry: Any, config: GPTConfig, *, key: PRNGKeyArray | None,
+    layer: Callable,
+    blocks: Params,
+    carry: Any,
+    config: GPTConfig,
+    *,
+    key: PRNGKeyArray | None,
     wrap_block: Callable | None = None,
-) -> Any:  # fmt: skip
+) -> Any:
     """`layer(layer_params, carry, key) -> carry` over the stacked blocks, wrapped by `wrap_block` (gpt_parallel's
     FSDP gather, under jax.checkpoint) and `config.remat`, as a scan or a loop (`config.layers`; "auto" scans wrapped
     blocks as rematerialised ones). Layer i's key is `fold_in(key, i)`, so scan and loop drop the same units."""
@@ -202,9 +231,13 @@ def run_blocks(
 
 
 def apply(
-    params: Params, idx: Integer[ArrayLike, "batch seq"], config: GPTConfig, *, key: PRNGKeyArray | None = None,
+    params: Params,
+    idx: Integer[ArrayLike, "batch seq"],
+    config: GPTConfig,
+    *,
+    key: PRNGKeyArray | None = None,
     axis_name: str | None = None,
-) -> Float[Array, "batch seq vocab"]:  # fmt: skip
+) -> Float[Array, "batch seq vocab"]:
     """Logits for every position. With a `key`, dropout is on (training). With `axis_name` (tensor
     parallelism, inside `shard_map`), this device's slice of the vocabulary."""
     h = hidden(params, idx, config, key=key, axis_name=axis_name)
@@ -212,9 +245,13 @@ def apply(
 
 
 def loss(
-    params: Params, batch: tuple[Integer[ArrayLike, "batch seq"], Integer[ArrayLike, "batch seq"]], config: GPTConfig,
-    *, key: PRNGKeyArray | None = None, axis_name: str | None = None,
-) -> Float[Array, ""]:  # fmt: skip
+    params: Params,
+    batch: tuple[Integer[ArrayLike, "batch seq"], Integer[ArrayLike, "batch seq"]],
+    config: GPTConfig,
+    *,
+    key: PRNGKeyArray | None = None,
+    axis_name: str | None = None,
+) -> Float[Array, ""]:
     """Mean next-token cross-entropy of `(idx, targets)`, in float32; targets of -1 are ignored and not
     counted (nanoGPT's `ignore_index=-1`). With `axis_name`, from the vocab-parallel logits, never gathered.
     With experts, plus the weighted load-balancing loss (`gpt_moe.aux_loss`)."""

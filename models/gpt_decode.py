@@ -47,8 +47,11 @@ def init_cache(config: GPTConfig, batch: int, dtype: Any = jnp.float32) -> Cache
         raise ValueError(f"gpt_decode.init_cache: batch must be a positive int, got {batch!r}")
     shape = (batch * config.attention.n_kv_head, config.block_size, config.attention.head_dim)
     layers = range(config.n_layer)
-    return {"k": [jnp.zeros(shape, dtype) for _ in layers], "v": [jnp.zeros(shape, dtype) for _ in layers],
-            "index": jnp.zeros((batch,), jnp.int32)}  # fmt: skip
+    return {
+        "k": [jnp.zeros(shape, dtype) for _ in layers],
+        "v": [jnp.zeros(shape, dtype) for _ in layers],
+        "index": jnp.zeros((batch,), jnp.int32),
+    }
 
 
 def decode_step(
@@ -75,8 +78,10 @@ def decode_step(
     lengths = sampling.check_lengths(lengths, idx, "decode_step")
     index = cache["index"]
     if not isinstance(index, jax.core.Tracer) and int(jnp.max(index)) + idx.shape[1] > config.block_size:
-        raise ValueError(f"decode_step: a row of the cache holds {int(jnp.max(index))} positions; {idx.shape[1]} "
-                         f"more pass block_size={config.block_size}, the model's last learned position")  # fmt: skip
+        raise ValueError(
+            f"decode_step: a row of the cache holds {int(jnp.max(index))} positions; {idx.shape[1]} "
+            f"more pass block_size={config.block_size}, the model's last learned position"
+        )
     h, cache = _hidden(params, stack.unstack(params["blocks"]), cache, idx, lengths, config)
     return embedding.attend(params["wte"], h), cache
 
@@ -186,8 +191,9 @@ def _generate(params, prompt, lengths, config, key, max_new_tokens, temperature,
         return jax.lax.cond(jnp.all(room), lambda: logits, recompute), cache
 
     settings = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-    return sampling.generate_loop(prefill, feed, prompt, lengths, width=width, key=key,
-                                  max_new_tokens=max_new_tokens, **settings)  # fmt: skip
+    return sampling.generate_loop(
+        prefill, feed, prompt, lengths, width=width, key=key, max_new_tokens=max_new_tokens, **settings
+    )
 
 
 def _check_cache(cache: Any, config: GPTConfig, batch: int) -> None:
@@ -202,5 +208,6 @@ def _check_cache(cache: Any, config: GPTConfig, batch: int) -> None:
                 f"init_cache(config, batch) for this config and batch"
             )
     if tuple(cache["index"].shape) != (batch,):
-        raise ValueError(f"gpt_decode: cache['index'] must have shape ({batch},), one per row, "
-                         f"got {tuple(cache['index'].shape)}")  # fmt: skip
+        raise ValueError(
+            f"gpt_decode: cache['index'] must have shape ({batch},), one per row, got {tuple(cache['index'].shape)}"
+        )

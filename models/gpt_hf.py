@@ -77,10 +77,17 @@ WEIGHTS: tuple[tuple[str, str, Transform | None], ...] = (
 )
 # The same rows in the form models/hf_table.py reads both ways (a list of tensors per row).
 _ROWS = tuple(
-    ((name,), path, hf_table.SAME if t is None else hf_table.Transform(
-        lambda parts, config, t=t: t.from_hf(parts[0], config), lambda x, config, t=t: [t.to_hf(x, config)]))
+    (
+        (name,),
+        path,
+        hf_table.SAME
+        if t is None
+        else hf_table.Transform(
+            lambda parts, config, t=t: t.from_hf(parts[0], config), lambda x, config, t=t: [t.to_hf(x, config)]
+        ),
+    )
     for name, path, t in WEIGHTS
-)  # fmt: skip
+)
 IGNORED: tuple[str, ...] = ("h.{i}.attn.bias", "h.{i}.attn.masked_bias")  # causal-mask buffers, not weights
 TIED_HEAD = "lm_head.weight"
 PREFIX = "transformer."
@@ -109,16 +116,26 @@ def config_from_hf(hf: Mapping[str, Any], source: str = "config.json") -> gpt.GP
         problems.append(f"n_inner={hf['n_inner']}, but the MLP here is 4 * n_embd = {4 * hf['n_embd']} wide")
     if hf.get("layer_norm_epsilon", 1e-5) != 1e-5:
         problems.append(f"layer_norm_epsilon={hf['layer_norm_epsilon']}, but the LayerNorms here use 1e-5")
-    for key, want in [("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
-                      ("add_cross_attention", False), ("tie_word_embeddings", True)]:  # fmt: skip
+    for key, want in [
+        ("scale_attn_weights", True),
+        ("scale_attn_by_inverse_layer_idx", False),
+        ("add_cross_attention", False),
+        ("tie_word_embeddings", True),
+    ]:
         if hf.get(key, want) != want:
             problems.append(f"{key}={hf[key]}, only {want} is supported")
     if problems:
         raise ValueError(f"{source}: unsupported GPT-2 settings:\n  " + "\n  ".join(problems))
     return gpt.GPTConfig(
-        block_size=hf["n_positions"], vocab_size=hf["vocab_size"], n_layer=hf["n_layer"], n_head=hf["n_head"],
-        n_embd=hf["n_embd"], dropout=0.0, bias=True, gelu=_GELU[activation],
-    )  # fmt: skip
+        block_size=hf["n_positions"],
+        vocab_size=hf["vocab_size"],
+        n_layer=hf["n_layer"],
+        n_head=hf["n_head"],
+        n_embd=hf["n_embd"],
+        dropout=0.0,
+        bias=True,
+        gelu=_GELU[activation],
+    )
 
 
 def config_to_hf(config: gpt.GPTConfig) -> dict[str, Any]:

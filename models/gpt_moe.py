@@ -99,9 +99,15 @@ def apply(
     axes = MoEAxes() if moe_axes is None else moe_axes
     capacity = config.capacity_factor or None
     y, stats = moe.apply(
-        params, h, top_k=config.expert_top_k, capacity_factor=capacity, activation=config.activation,
-        axis_name=axis_name, token_axes=axes.tokens, expert_axis=axes.experts,
-    )  # fmt: skip
+        params,
+        h,
+        top_k=config.expert_top_k,
+        capacity_factor=capacity,
+        activation=config.activation,
+        axis_name=axis_name,
+        token_axes=axes.tokens,
+        expert_axis=axes.experts,
+    )
     return dropout.apply(y, rate=config.dropout, key=key), stats
 
 
@@ -134,15 +140,21 @@ def mesh_axes(config: MoESettings, axes: MeshAxes, axis_sizes: Mapping[str, int]
     """The MoE axes of a GPT under `axes`, after checking that the mesh and the config go together: the
     tokens split over the data axis, the experts too with `axes.ep`; errors name what to change."""
     if axes.ep and not config.n_experts:
-        raise ValueError("gpt: expert parallelism (ep) splits the experts of mixture-of-experts layers, but "
-                         "n_experts=0 (dense MLPs); set n_experts > 0 or drop ep")  # fmt: skip
+        raise ValueError(
+            "gpt: expert parallelism (ep) splits the experts of mixture-of-experts layers, but "
+            "n_experts=0 (dense MLPs); set n_experts > 0 or drop ep"
+        )
     if config.n_experts and (axes.context or axes.sequence_parallel or axes.pipe):
-        raise ValueError(f"gpt: n_experts={config.n_experts} (mixture of experts) runs under data, tensor and expert "
-                         f"parallelism only, not with context, sequence or pipeline parallelism ({axes})")  # fmt: skip
+        raise ValueError(
+            f"gpt: n_experts={config.n_experts} (mixture of experts) runs under data, tensor and expert "
+            f"parallelism only, not with context, sequence or pipeline parallelism ({axes})"
+        )
     n = axis_sizes[axes.data] if axes.ep else 1
     if config.n_experts % n:
-        raise ValueError(f"gpt: n_experts={config.n_experts} cannot be split over the {n} devices of data axis "
-                         f"{axes.data!r} (ep); pick n_experts divisible by {n}")  # fmt: skip
+        raise ValueError(
+            f"gpt: n_experts={config.n_experts} cannot be split over the {n} devices of data axis "
+            f"{axes.data!r} (ep); pick n_experts divisible by {n}"
+        )
     return MoEAxes(tokens=(axes.data,) if axes.data else (), experts=axes.data if axes.ep else None)
 
 

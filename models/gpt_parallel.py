@@ -135,9 +135,13 @@ def loss(
 
 
 def loss_and_metrics(
-    params: Params, batch: tuple[Integer[ArrayLike, "batch seq"], Integer[ArrayLike, "batch seq"]], config: GPTConfig,
-    *, key: PRNGKeyArray | None = None, axes: MeshAxes | None = None,
-) -> tuple[Float[Array, ""], dict[str, Array]]:  # fmt: skip
+    params: Params,
+    batch: tuple[Integer[ArrayLike, "batch seq"], Integer[ArrayLike, "batch seq"]],
+    config: GPTConfig,
+    *,
+    key: PRNGKeyArray | None = None,
+    axes: MeshAxes | None = None,
+) -> tuple[Float[Array, ""], dict[str, Array]]:
     """(`loss`, the mixture of experts' metrics for the training log (`gpt_moe.metrics`; {} when dense)):
     the cross-entropy plus moe_aux_weight times the load-balancing loss, both the whole batch's."""
     axes = MeshAxes() if axes is None else axes
@@ -183,9 +187,13 @@ def _forward(params: Params, idx: Any, config: GPTConfig, key: Any, axes: MeshAx
 
 
 def _context_hidden(
-    params: Params, idx: Integer[ArrayLike, "batch t"], config: GPTConfig, key: PRNGKeyArray | None,
-    axes: MeshAxes, wrap_block: Callable | None,
-) -> Float[Array, "batch t d_model"]:  # fmt: skip
+    params: Params,
+    idx: Integer[ArrayLike, "batch t"],
+    config: GPTConfig,
+    key: PRNGKeyArray | None,
+    axes: MeshAxes,
+    wrap_block: Callable | None,
+) -> Float[Array, "batch t d_model"]:
     """`gpt.hidden` for this device's tokens of a sequence split over `axes.context` (zig-zag order): wpe at
     their global positions, and each block's attention through the ring."""
     if key is not None and config.dropout > 0:
@@ -225,9 +233,13 @@ def _ring_block(
 
 
 def _sequence_hidden(
-    params: Params, idx: Integer[ArrayLike, "batch seq"], config: GPTConfig, key: PRNGKeyArray | None,
-    axis: str, wrap_block: Callable | None,
-) -> Float[Array, "batch seq d_model"]:  # fmt: skip
+    params: Params,
+    idx: Integer[ArrayLike, "batch seq"],
+    config: GPTConfig,
+    key: PRNGKeyArray | None,
+    axis: str,
+    wrap_block: Callable | None,
+) -> Float[Array, "batch seq d_model"]:
     """`gpt.hidden` with the residual stream on this device's slice of the sequence (`axis`): the vocab-parallel
     embedding reduce-scattered, each block on the slice, ln_f on it, then the whole sequence gathered for the
     vocab-parallel head. The dropout keys are gpt.hidden's, so the masks are tensor parallelism's."""

@@ -99,5 +99,6 @@ def read_weights(directory: str | os.PathLike) -> dict[str, np.ndarray]:
     """The tensors of a Hugging Face directory's model.safetensors, or of the shards its index lists; a
     directory with only a pickled pytorch_model.bin gets an error saying how to convert it (never unpickled)."""
     convert = "transformers (model.save_pretrained(dir, safe_serialization=True))"
-    return safetensors.load_pretrained(directory, "model.safetensors", pickle_file="pytorch_model.bin",
-                                       how_to_convert=convert)  # fmt: skip
+    return safetensors.load_pretrained(
+        directory, "model.safetensors", pickle_file="pytorch_model.bin", how_to_convert=convert
+    )

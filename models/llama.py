@@ -90,11 +90,14 @@ class LlamaConfig:
                 f"serves an equal group of query heads (n_kv_head=1 is multi-query attention)"
             )
         if not (self.rope_theta > 0 and self.norm_eps > 0):
-            raise ValueError(f"LlamaConfig: rope_theta and norm_eps must be positive, got {self.rope_theta}, "
-                             f"{self.norm_eps}")  # fmt: skip
+            raise ValueError(
+                f"LlamaConfig: rope_theta and norm_eps must be positive, got {self.rope_theta}, {self.norm_eps}"
+            )
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, (LinearScaling, Llama3Scaling)):
-            raise ValueError(f"LlamaConfig: rope_scaling must be None, rotary.LinearScaling or rotary.Llama3Scaling, "
-                             f"got {self.rope_scaling!r}")  # fmt: skip
+            raise ValueError(
+                f"LlamaConfig: rope_scaling must be None, rotary.LinearScaling or rotary.Llama3Scaling, "
+                f"got {self.rope_scaling!r}"
+            )
         if self.layers not in ("scan", "loop"):
             raise ValueError(f"LlamaConfig: layers must be 'scan' or 'loop', got {self.layers!r}")
         self.attention  # noqa: B018 - builds the AttentionConfig, so its errors (impl) surface here
@@ -106,9 +109,13 @@ class LlamaConfig:
     @property
     def attention(self) -> attention.AttentionConfig:
         return attention.AttentionConfig(
-            d_model=self.d_model, n_head=self.n_head, n_kv_head=self.n_kv_head, bias=False, causal=True,
+            d_model=self.d_model,
+            n_head=self.n_head,
+            n_kv_head=self.n_kv_head,
+            bias=False,
+            causal=True,
             impl=self.attention_impl,
-        )  # fmt: skip
+        )
 
 
 def init(key: PRNGKeyArray, config: LlamaConfig) -> Params:
@@ -265,8 +272,10 @@ def check_inputs(params: Params, idx: Array, config: LlamaConfig, *, axis_name: 
     if not jnp.issubdtype(idx.dtype, jnp.integer):
         raise TypeError(f"llama: idx must hold integer token ids, got {idx.dtype}")
     if idx.ndim != 2 or idx.shape[1] > config.max_seq_len:
-        raise ValueError(f"llama: idx has shape {tuple(idx.shape)}, expected (batch, seq) with seq <= max_seq_len="
-                         f"{config.max_seq_len}; crop it, or raise max_seq_len in the config")  # fmt: skip
+        raise ValueError(
+            f"llama: idx has shape {tuple(idx.shape)}, expected (batch, seq) with seq <= max_seq_len="
+            f"{config.max_seq_len}; crop it, or raise max_seq_len in the config"
+        )
     tp = 1 if axis_name is None else jax.lax.axis_size(axis_name)
     want = {"embed.w": (config.vocab_size // tp, config.d_model), "norm.scale": (config.d_model,)}
     want.update({} if config.tie_embeddings else {"head.w": (config.d_model, config.vocab_size // tp)})

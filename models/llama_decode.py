@@ -46,8 +46,11 @@ def init_cache(config: LlamaConfig, batch: int, max_len: int | None = None, *, d
     if batch <= 0 or max_len <= 0:
         raise ValueError(f"llama_decode.init_cache: batch and max_len must be positive, got {batch}, {max_len}")
     shape, layers = (batch * config.n_kv_head, max_len, config.head_dim), range(config.n_layer)
-    return {"k": [jnp.zeros(shape, dtype) for _ in layers], "v": [jnp.zeros(shape, dtype) for _ in layers],
-            "index": jnp.zeros((batch,), jnp.int32)}  # fmt: skip
+    return {
+        "k": [jnp.zeros(shape, dtype) for _ in layers],
+        "v": [jnp.zeros(shape, dtype) for _ in layers],
+        "index": jnp.zeros((batch,), jnp.int32),
+    }
 
 
 def decode_step(
@@ -74,8 +77,10 @@ def decode_step(
     lengths = sampling.check_lengths(lengths, idx, "decode_step")
     index, max_len = cache["index"], cache["k"][0].shape[1]
     if not isinstance(index, jax.core.Tracer) and int(jnp.max(index)) + idx.shape[1] > max_len:
-        raise ValueError(f"decode_step: a row of the cache holds {int(jnp.max(index))} positions; {idx.shape[1]} "
-                         f"more pass its max_len={max_len}; make a longer cache with init_cache")  # fmt: skip
+        raise ValueError(
+            f"decode_step: a row of the cache holds {int(jnp.max(index))} positions; {idx.shape[1]} "
+            f"more pass its max_len={max_len}; make a longer cache with init_cache"
+        )
     h, cache = _hidden(params, stack.unstack(params["blocks"]), cache, idx, lengths, config)
     return llama.unembed(params, h, config), cache
 
@@ -166,8 +171,9 @@ def _generate(params, prompt, lengths, config, key, max_new_tokens, temperature,
         return llama.unembed(params, h[:, 0], config), cache
 
     settings = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-    return sampling.generate_loop(prefill, feed, prompt, lengths, width=max_len, key=key,
-                                  max_new_tokens=max_new_tokens, **settings)  # fmt: skip
+    return sampling.generate_loop(
+        prefill, feed, prompt, lengths, width=max_len, key=key, max_new_tokens=max_new_tokens, **settings
+    )
 
 
 def _check_cache(cache: Any, config: LlamaConfig, batch: int) -> None:
@@ -184,5 +190,7 @@ def _check_cache(cache: Any, config: LlamaConfig, batch: int) -> None:
                 f"init_cache(config, batch) for this config and batch"
             )
     if tuple(cache["index"].shape) != (batch,) or not jnp.issubdtype(cache["index"].dtype, jnp.integer):
-        raise ValueError(f"llama_decode: cache['index'] must be {batch} integers, one per row, got "
-                         f"{cache['index'].dtype} {tuple(cache['index'].shape)}")  # fmt: skip
+        raise ValueError(
+            f"llama_decode: cache['index'] must be {batch} integers, one per row, got "
+            f"{cache['index'].dtype} {tuple(cache['index'].shape)}"
+        )

@@ -118,12 +118,18 @@ def config_from_hf(hf: Mapping[str, Any], source: str = "config.json") -> llama.
     if problems:
         raise ValueError(f"{source}: unsupported Llama settings:\n  " + "\n  ".join(problems))
     return llama.LlamaConfig(
-        vocab_size=hf["vocab_size"], n_layer=hf["num_hidden_layers"], n_head=n_head,
-        n_kv_head=hf.get("num_key_value_heads") or n_head, d_model=hf["hidden_size"], d_ff=hf["intermediate_size"],
-        max_seq_len=hf.get("max_position_embeddings", 2048), rope_theta=theta,
-        rope_scaling=scaling, norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        vocab_size=hf["vocab_size"],
+        n_layer=hf["num_hidden_layers"],
+        n_head=n_head,
+        n_kv_head=hf.get("num_key_value_heads") or n_head,
+        d_model=hf["hidden_size"],
+        d_ff=hf["intermediate_size"],
+        max_seq_len=hf.get("max_position_embeddings", 2048),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-    )  # fmt: skip
+    )
 
 
 def _scaling_from_hf(scaling: Mapping[str, Any], problems: list[str]) -> rotary.RopeScaling | None:
@@ -136,10 +142,11 @@ def _scaling_from_hf(scaling: Mapping[str, Any], problems: list[str]) -> rotary.
         return rotary.LinearScaling(float(scaling["factor"]))
     if kind == "llama3":
         return rotary.Llama3Scaling(
-            factor=float(scaling["factor"]), low_freq_factor=float(scaling["low_freq_factor"]),
+            factor=float(scaling["factor"]),
+            low_freq_factor=float(scaling["low_freq_factor"]),
             high_freq_factor=float(scaling["high_freq_factor"]),
             original_max_seq_len=int(scaling["original_max_position_embeddings"]),
-        )  # fmt: skip
+        )
     problems.append(f"rope_type {kind!r}: supported are 'default', 'linear' and 'llama3'")
     return None
 
@@ -150,19 +157,36 @@ def config_to_hf(config: llama.LlamaConfig) -> dict[str, Any]:
     if isinstance(scaling, rotary.LinearScaling):
         rope_scaling = {"rope_type": "linear", "factor": scaling.factor}
     elif isinstance(scaling, rotary.Llama3Scaling):
-        rope_scaling = {"rope_type": "llama3", "factor": scaling.factor, "low_freq_factor": scaling.low_freq_factor,
-                        "high_freq_factor": scaling.high_freq_factor,
-                        "original_max_position_embeddings": scaling.original_max_seq_len}  # fmt: skip
+        rope_scaling = {
+            "rope_type": "llama3",
+            "factor": scaling.factor,
+            "low_freq_factor": scaling.low_freq_factor,
+            "high_freq_factor": scaling.high_freq_factor,
+            "original_max_position_embeddings": scaling.original_max_seq_len,
+        }
     else:
         rope_scaling = None
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": config.vocab_size,
-        "hidden_size": config.d_model, "intermediate_size": config.d_ff, "num_hidden_layers": config.n_layer,
-        "num_attention_heads": config.n_head, "num_key_value_heads": config.n_kv_head, "head_dim": config.head_dim,
-        "hidden_act": "silu", "max_position_embeddings": config.max_seq_len, "rms_norm_eps": config.norm_eps,
-        "rope_theta": config.rope_theta, "rope_scaling": rope_scaling, "tie_word_embeddings": config.tie_embeddings,
-        "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0, "initializer_range": 0.02,
-    }  # fmt: skip
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.d_model,
+        "intermediate_size": config.d_ff,
+        "num_hidden_layers": config.n_layer,
+        "num_attention_heads": config.n_head,
+        "num_key_value_heads": config.n_kv_head,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": config.max_seq_len,
+        "rms_norm_eps": config.norm_eps,
+        "rope_theta": config.rope_theta,
+        "rope_scaling": rope_scaling,
+        "tie_word_embeddings": config.tie_embeddings,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+    }
 
 
 # ---------------------------------------------------------------- tensors

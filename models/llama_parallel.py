@@ -132,8 +132,9 @@ def loss(
     device. The same value on every device."""
     axes = MeshAxes() if axes is None else axes
     idx, targets = batch
-    per_token = losses.cross_entropy(apply(params, idx, config, axes=axes), targets, ignore_index=-1,
-                                     axis_name=axes.model)  # fmt: skip
+    per_token = losses.cross_entropy(
+        apply(params, idx, config, axes=axes), targets, ignore_index=-1, axis_name=axes.model
+    )
     return losses.masked_mean(per_token, jnp.asarray(targets) != -1, axis_name=axes.data)
 
 

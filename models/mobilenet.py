@@ -79,8 +79,9 @@ def unit_apply(
     kernel = params["conv"]["w"].shape[0]
     groups, impl = (x.shape[-1], config.depthwise_impl) if depthwise else (1, "auto")
     y = conv.apply(params["conv"], x, stride=stride, padding=kernel // 2, groups=groups, depthwise_impl=impl)
-    y, bn_state = batch_norm.apply(params["bn"], y, state["bn"], train=train, momentum=config.bn_momentum,
-                                   eps=config.bn_eps, axis_name=axis_name)  # fmt: skip
+    y, bn_state = batch_norm.apply(
+        params["bn"], y, state["bn"], train=train, momentum=config.bn_momentum, eps=config.bn_eps, axis_name=axis_name
+    )
     return y, {"bn": bn_state}
 
 
@@ -112,8 +113,16 @@ def block_apply(
     h, new_state = x, {}
     for name in _block_units(block, config.version):
         depthwise = name == "depthwise"
-        h, new_state[name] = unit_apply(params[name], h, state[name], config, stride=block.stride if depthwise else 1,
-                                        depthwise=depthwise, train=train, axis_name=axis_name)  # fmt: skip
+        h, new_state[name] = unit_apply(
+            params[name],
+            h,
+            state[name],
+            config,
+            stride=block.stride if depthwise else 1,
+            depthwise=depthwise,
+            train=train,
+            axis_name=axis_name,
+        )
         if name != "project":  # the projection is linear: ReLU there would destroy information (paper, sec. 3.2)
             h = act(h)
     if config.version == "v2" and block.stride == 1 and block.in_channels == block.out_channels:
@@ -139,8 +148,9 @@ def init(key: PRNGKeyArray, config: MobileNetConfig) -> Params:
         }
     if config.version == "v2":
         params["last"] = unit_init(keys["last"], blocks[-1].out_channels, config.last_channels, 1)
-    params["classifier"] = linear.init(keys["classifier"], config.last_channels, config.n_classes,
-                                       w_init=CLASSIFIER_INIT)  # fmt: skip
+    params["classifier"] = linear.init(
+        keys["classifier"], config.last_channels, config.n_classes, w_init=CLASSIFIER_INIT
+    )
     return params
 
 
@@ -182,12 +192,14 @@ def apply(
     check_shape("mobilenet", "x", x, ("batch", "height", "width", config.in_channels), "config.in_channels")
     act = activations.relu6 if config.version == "v2" else activations.relu
     new_state = {}
-    h, new_state["stem"] = unit_apply(params["stem"], x, state["stem"], config, stride=config.stem_stride,
-                                      train=train, axis_name=axis_name)  # fmt: skip
+    h, new_state["stem"] = unit_apply(
+        params["stem"], x, state["stem"], config, stride=config.stem_stride, train=train, axis_name=axis_name
+    )
     h = act(h)
     for block in blocks:
-        h, new_state[block.name] = block_apply(params[block.name], h, state[block.name], block, config,
-                                               train=train, axis_name=axis_name)  # fmt: skip
+        h, new_state[block.name] = block_apply(
+            params[block.name], h, state[block.name], block, config, train=train, axis_name=axis_name
+        )
     if config.version == "v2":
         h, new_state["last"] = unit_apply(params["last"], h, state["last"], config, train=train, axis_name=axis_name)
         h = act(h)

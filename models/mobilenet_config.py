@@ -21,12 +21,26 @@ from purejax.nn import conv
 
 # MobileNetV2 stages (t expansion, c channels, n blocks, s stride of the first block): the paper's Table 2.
 V2_STAGES: tuple[tuple[int, int, int, int], ...] = (
-    (1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1),
-)  # fmt: skip
+    (1, 16, 1, 1),
+    (6, 24, 2, 2),
+    (6, 32, 3, 2),
+    (6, 64, 4, 2),
+    (6, 96, 3, 1),
+    (6, 160, 3, 2),
+    (6, 320, 1, 1),
+)
 # MobileNetV1 depthwise-separable blocks (c channels, s stride): the paper's Table 1.
 V1_BLOCKS: tuple[tuple[int, int], ...] = (
-    (64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2), *[(512, 1)] * 5, (1024, 2), (1024, 1),
-)  # fmt: skip
+    (64, 1),
+    (128, 2),
+    (128, 1),
+    (256, 2),
+    (256, 1),
+    (512, 2),
+    *[(512, 1)] * 5,
+    (1024, 2),
+    (1024, 1),
+)
 STEM_CHANNELS = 32
 LAST_CHANNELS = 1280  # V2's last 1x1 conv
 MAX_DOWNSAMPLES = 5  # the stem and four stages: a 224 image ends 7x7
@@ -156,8 +170,14 @@ class MobileNetConfig:
 def layer_table(config: MobileNetConfig) -> list[tuple[str, str, tuple[int, int, int], int]]:
     """(name, what, output (height, width, channels), stride) per layer: the tables in docs/mobilenet.md."""
     size = -(-config.image_size // config.stem_stride)
-    rows = [("stem", "3x3 conv, BN, ReLU6" if config.version == "v2" else "3x3 conv, BN, ReLU",
-             (size, size, config.stem_channels), config.stem_stride)]  # fmt: skip
+    rows = [
+        (
+            "stem",
+            "3x3 conv, BN, ReLU6" if config.version == "v2" else "3x3 conv, BN, ReLU",
+            (size, size, config.stem_channels),
+            config.stem_stride,
+        )
+    ]
     for b in config.blocks():
         what = f"inverted residual t={b.expand}" if config.version == "v2" else "depthwise separable"
         if config.version == "v2" and b.stride == 1 and b.in_channels == b.out_channels:

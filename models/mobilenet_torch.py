@@ -50,8 +50,10 @@ BLOCK_UNITS = {
     ),
 }
 LAST_UNIT = ("last", "features.{f}.0", "features.{f}.1")  # f = number of blocks + 1
-CLASSIFIER = (("classifier.1.weight", "params", "classifier.w", "linear"),
-              ("classifier.1.bias", "params", "classifier.b", None))  # fmt: skip
+CLASSIFIER = (
+    ("classifier.1.weight", "params", "classifier.w", "linear"),
+    ("classifier.1.bias", "params", "classifier.b", None),
+)
 
 # The tensors of one unit: (torch name, "params" or "state", our path, layout change).
 UNIT_TENSORS = (
@@ -78,15 +80,20 @@ def table(config: mobilenet.MobileNetConfig) -> list[tuple[str, str, str, str | 
         for unit, conv, bn in BLOCK_UNITS["t=1" if block.expand == 1 else "expanded"]:
             units.append((f"{block.name}.{unit}", conv.format(f=f), bn.format(f=f)))
     units.append((LAST_UNIT[0], LAST_UNIT[1].format(f=len(blocks) + 1), LAST_UNIT[2].format(f=len(blocks) + 1)))
-    rows = [(name.format(conv=conv, bn=bn), tree, path.format(unit=unit), layout)
-            for unit, conv, bn in units for name, tree, path, layout in UNIT_TENSORS]  # fmt: skip
+    rows = [
+        (name.format(conv=conv, bn=bn), tree, path.format(unit=unit), layout)
+        for unit, conv, bn in units
+        for name, tree, path, layout in UNIT_TENSORS
+    ]
     return rows + list(CLASSIFIER)
 
 
 def expected_shapes(config: mobilenet.MobileNetConfig) -> dict[str, jax.ShapeDtypeStruct]:
     """Every tensor a torchvision state dict for `config` must hold, by torch name, in torch's layout."""
-    ours = {"params": tree_lib.flatten(jax.eval_shape(partial(mobilenet.init, config=config), jax.random.key(0))),
-            "state": tree_lib.flatten(jax.eval_shape(partial(mobilenet.init_state, config)))}  # fmt: skip
+    ours = {
+        "params": tree_lib.flatten(jax.eval_shape(partial(mobilenet.init, config=config), jax.random.key(0))),
+        "state": tree_lib.flatten(jax.eval_shape(partial(mobilenet.init_state, config))),
+    }
     out = {}
     for name, tree, path, layout in table(config):
         like = ours[tree][path]
@@ -109,8 +116,10 @@ def from_torchvision(
     tensors = {name: value for name, value in tensors.items() if not name.endswith(IGNORED_SUFFIX)}
     report = tree_lib.diff(tensors, expected_shapes(config), check_dtype=False)
     if not report.ok:
-        what = (f"{source} (torchvision MobileNetV2 with width_mult={config.width_mult}, n_classes={config.n_classes}, "
-                f"in_channels={config.in_channels})")  # fmt: skip
+        what = (
+            f"{source} (torchvision MobileNetV2 with width_mult={config.width_mult}, n_classes={config.n_classes}, "
+            f"in_channels={config.in_channels})"
+        )
         raise tree_lib.TreeMismatchError(report.format(what))
     flat: dict[str, dict[str, Any]] = {"params": {}, "state": {}}
     for name, tree, path, layout in table(config):

@@ -59,11 +59,14 @@ class FlowConfig:
 
     def __post_init__(self):
         if self.time_sampling not in ("uniform", "logit_normal"):
-            raise ValueError(f"FlowConfig: time_sampling must be 'uniform' or 'logit_normal', "
-                             f"got {self.time_sampling!r}")  # fmt: skip
+            raise ValueError(
+                f"FlowConfig: time_sampling must be 'uniform' or 'logit_normal', got {self.time_sampling!r}"
+            )
         if not (self.logit_std > 0 and self.shift > 0 and math.isfinite(self.logit_mean)):  # NaN fails too
-            raise ValueError(f"FlowConfig: logit_std and shift must be positive and logit_mean finite, got "
-                             f"{self.logit_std}, {self.shift}, {self.logit_mean}")  # fmt: skip
+            raise ValueError(
+                f"FlowConfig: logit_std and shift must be positive and logit_mean finite, got "
+                f"{self.logit_std}, {self.shift}, {self.logit_mean}"
+            )
         if not 0.0 <= self.label_dropout <= 1.0:
             raise ValueError(f"FlowConfig: label_dropout must be in [0, 1], got {self.label_dropout}")
         if isinstance(self.null_class, bool) or not isinstance(self.null_class, int) or self.null_class < 0:
@@ -141,9 +144,11 @@ def loss(
     out = predict(params, interpolate(x, eps, t), t, y, key=keys["model"])
     v, kept = out if isinstance(out, tuple) else (out, None)
     if v.shape != x.shape:
-        raise ValueError(f"rectified_flow.loss: predict returned shape {v.shape}, expected x's {x.shape}; a "
-                         f"model with learned sigma must return only the velocity channels "
-                         f"(models.dit.velocity)")  # fmt: skip
+        raise ValueError(
+            f"rectified_flow.loss: predict returned shape {v.shape}, expected x's {x.shape}; a "
+            f"model with learned sigma must return only the velocity channels "
+            f"(models.dit.velocity)"
+        )
     return jnp.mean(per_sample_loss(v, x, eps, kept)), {"t_mean": jnp.mean(t)}
 
 
@@ -167,8 +172,9 @@ def guided_velocity(
     """Classifier-free guidance on the velocity: v_null + guidance * (v_y - v_null) (Ho & Salimans 2022).
     guidance 1 is the plain conditional velocity, 0 the unconditional one. Both velocities come from one
     call on the doubled batch."""
-    v = velocity(params, jnp.concatenate([z, z]), jnp.concatenate([t, t]),
-                 jnp.concatenate([y, jnp.full_like(y, null_class)]))  # fmt: skip
+    v = velocity(
+        params, jnp.concatenate([z, z]), jnp.concatenate([t, t]), jnp.concatenate([y, jnp.full_like(y, null_class)])
+    )
     v_cond, v_null = jnp.split(v, 2)
     return v_null + jnp.asarray(guidance, v.dtype) * (v_cond - v_null)
 
@@ -196,8 +202,9 @@ def sample(
         raise ValueError(f"rectified_flow.sample: n_steps must be a positive int, got {n_steps!r}")
     y = jnp.asarray(y)
     if y.ndim != 1 or not jnp.issubdtype(y.dtype, jnp.integer):
-        raise ValueError(f"rectified_flow.sample: y must be a 1-D array of integer labels, "
-                         f"got {y.dtype}{list(y.shape)}")  # fmt: skip
+        raise ValueError(
+            f"rectified_flow.sample: y must be a 1-D array of integer labels, got {y.dtype}{list(y.shape)}"
+        )
     ts = time_grid(n_steps, shift)
     batch = y.shape[0]
 

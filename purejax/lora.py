@@ -111,14 +111,21 @@ def select(base: PyTree, config: LoraConfig) -> list[str]:
     unmatched = [p for p in config.targets if not any(matches(p, path) for path in flat)]
     if unmatched:
         matrices = ", ".join(path for path, x in flat.items() if jnp.ndim(x) - config.layer_axes(path) == 2)
-        raise ValueError(f"lora: the target(s) {unmatched} match no param path; `*` matches one dotted component. "
-                         f"The matrices are: {matrices}")  # fmt: skip
-    wrong = [f"{path} {tree_lib.describe(flat[path])}" for path in chosen
-             if jnp.ndim(flat[path]) - config.layer_axes(path) != 2]  # fmt: skip
+        raise ValueError(
+            f"lora: the target(s) {unmatched} match no param path; `*` matches one dotted component. "
+            f"The matrices are: {matrices}"
+        )
+    wrong = [
+        f"{path} {tree_lib.describe(flat[path])}"
+        for path in chosen
+        if jnp.ndim(flat[path]) - config.layer_axes(path) != 2
+    ]
     if wrong:
-        raise ValueError(f"lora: adapters need weight matrices (d_in, d_out) (after the layer axes of the stacked "
-                         f"subtrees {config.stacked}), but the targets select {wrong}; narrow the pattern, e.g. "
-                         "`blocks.mlp.*.w` rather than `blocks.mlp.*.*`")  # fmt: skip
+        raise ValueError(
+            f"lora: adapters need weight matrices (d_in, d_out) (after the layer axes of the stacked "
+            f"subtrees {config.stacked}), but the targets select {wrong}; narrow the pattern, e.g. "
+            "`blocks.mlp.*.w` rather than `blocks.mlp.*.*`"
+        )
     return chosen
 
 
@@ -174,17 +181,21 @@ def adapted(base: PyTree, adapters: PyTree, config: LoraConfig) -> dict[str, tup
     for path, leaf in tree_lib.flatten(adapters).items():
         weight_path, _, part = path.rpartition(".")
         if part not in ("a", "b") or weight_path not in flat:
-            raise ValueError(f"lora: the adapters hold {path!r}, but the base has no weight {weight_path!r} "
-                             "(adapters are {path: {'a', 'b'}} for paths of the base); were they made for another "
-                             "model?")  # fmt: skip
+            raise ValueError(
+                f"lora: the adapters hold {path!r}, but the base has no weight {weight_path!r} "
+                "(adapters are {path: {'a', 'b'}} for paths of the base); were they made for another "
+                "model?"
+            )
         pairs.setdefault(weight_path, (flat[weight_path], {}))[1][part] = leaf
     for path, (w, ab) in pairs.items():
         *lead, d_in, d_out = jnp.shape(w)
         want = {"a": (*lead, d_in, config.rank), "b": (*lead, config.rank, d_out)}
         got = {k: tuple(jnp.shape(ab.get(k))) if k in ab else None for k in want}
         if got != want:
-            raise ValueError(f"lora: the adapter of {path} {tree_lib.describe(w)} has A {got['a']} and B {got['b']}, "
-                             f"but rank {config.rank} needs A {want['a']} and B {want['b']}")  # fmt: skip
+            raise ValueError(
+                f"lora: the adapter of {path} {tree_lib.describe(w)} has A {got['a']} and B {got['b']}, "
+                f"but rank {config.rank} needs A {want['a']} and B {want['b']}"
+            )
     return pairs
 
 
@@ -238,8 +249,10 @@ def load(path: str | os.PathLike) -> tuple[PyTree, LoraConfig]:
     info = checkpoint.read_metadata(path)
     saved = info.config.get("lora") if isinstance(info.config, dict) else None
     if not isinstance(saved, dict):
-        raise ValueError(f"lora.load: {path} records no LoRA config (its config is {info.config!r}); was it "
-                         "written by purejax.lora.save?")  # fmt: skip
+        raise ValueError(
+            f"lora.load: {path} records no LoRA config (its config is {info.config!r}); was it "
+            "written by purejax.lora.save?"
+        )
     config = LoraConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()})
     adapters, _ = checkpoint.restore(path)
     return jax.tree.map(jnp.asarray, adapters), config

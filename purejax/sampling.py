@@ -95,8 +95,10 @@ def check_generate(
     if not jnp.issubdtype(prompt.dtype, jnp.integer):  # a float prompt would be cut to ints without a word
         raise TypeError(f"generate: the prompt must hold integer token ids, got {prompt.dtype}")
     if prompt.ndim != 2 or prompt.shape[1] == 0:
-        raise ValueError(f"generate: the prompt is empty or not 2-D (the prompt has shape {tuple(prompt.shape)}); "
-                         "give at least one token id per row, shape (batch, >= 1)")  # fmt: skip
+        raise ValueError(
+            f"generate: the prompt is empty or not 2-D (the prompt has shape {tuple(prompt.shape)}); "
+            "give at least one token id per row, shape (batch, >= 1)"
+        )
     return prompt, check_lengths(lengths, prompt, "generate")
 
 
@@ -110,14 +112,18 @@ def check_lengths(lengths: Any, idx: Array, where: str) -> Array | np.ndarray:
     if _is_concrete(lengths):
         lengths = np.asarray(lengths)
     if lengths.shape != (batch,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
-        raise ValueError(f"{where}: lengths must be {batch} integers, one per row of the prompt, got "
-                         f"{lengths.dtype} {tuple(lengths.shape)}")  # fmt: skip
+        raise ValueError(
+            f"{where}: lengths must be {batch} integers, one per row of the prompt, got "
+            f"{lengths.dtype} {tuple(lengths.shape)}"
+        )
     if not _is_concrete(lengths):
         return lengths.astype(jnp.int32)
     bad = np.flatnonzero((lengths < 1) | (lengths > seq))
     if bad.size:
-        raise ValueError(f"{where}: lengths[{bad[0]}]={lengths[bad[0]]} is outside [1, {seq}]: each row holds 1 "
-                         f"to {seq} (the prompt array's width) real tokens")  # fmt: skip
+        raise ValueError(
+            f"{where}: lengths[{bad[0]}]={lengths[bad[0]]} is outside [1, {seq}]: each row holds 1 "
+            f"to {seq} (the prompt array's width) real tokens"
+        )
     return lengths.astype(np.int32)
 
 
@@ -170,8 +176,10 @@ def _check_loop(n_prompt: int, width: int, max_new_tokens) -> None:
             raise ValueError(f"generate_loop: max_new_tokens must be >= 1, got {max_new_tokens}")
         count = int(max_new_tokens)
     if width < n_prompt + count:
-        raise ValueError(f"generate_loop: width={width} cannot hold the prompt's {n_prompt} columns and {count} "
-                         f"new tokens; it must be at least {n_prompt + count}")  # fmt: skip
+        raise ValueError(
+            f"generate_loop: width={width} cannot hold the prompt's {n_prompt} columns and {count} "
+            f"new tokens; it must be at least {n_prompt + count}"
+        )
 
 
 def first_columns(tokens: Int[Array, "batch width"], total: int) -> Int[Array, "batch total"]:

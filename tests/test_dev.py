@@ -14,8 +14,10 @@ def test_demo_samples_from_the_out_dir_the_training_run_used(monkeypatch):
     out_dir = dev.train_out_dir
     monkeypatch.setattr(dev, "train_out_dir", lambda args: out_dir(args, python=sys.executable))
     assert dev.demo(["--config=gpt_tiny", "--max_iters=5"]) == 0
-    assert ran == [["-m", "train.gpt", "--config=gpt_tiny", "--max_iters=5"],
-                   ["-m", "train.sample", "--out_dir=out-gpt-tiny", "--num_samples=1"]]  # fmt: skip
+    assert ran == [
+        ["-m", "train.gpt", "--config=gpt_tiny", "--max_iters=5"],
+        ["-m", "train.sample", "--out_dir=out-gpt-tiny", "--num_samples=1"],
+    ]
     assert out_dir(["--config=gpt_tiny", "--out_dir=elsewhere"], python=sys.executable) == "elsewhere"
     assert out_dir([], python=sys.executable) == "out-gpt"
     assert out_dir(["--no_such_key=1"], python=sys.executable) is None

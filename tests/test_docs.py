@@ -83,8 +83,12 @@ def run_fresh(page: Path, blocks: list[tuple[int, str]], environment: dict[str, 
     env = {**os.environ, **environment, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     run = subprocess.run(
         [sys.executable, "-c", RUNNER, str(script), f"doc:{page.name}"],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=FRESH_TIMEOUT,
-    )  # fmt: skip
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=FRESH_TIMEOUT,
+    )
     assert run.returncode == 0, f"{page.relative_to(ROOT)} failed in its own process:\n{run.stdout}\n{run.stderr}"
 
 

@@ -74,8 +74,9 @@ class ClassifyConfig(observe.RunSettings):
     seed: int = setting(0, "the seed of the init, the shuffles, the shifts and dropout", at_least=0, below=2**32)
     compile: bool = setting(True, "jit the step; false runs it op by op, for debugging")
     progress: bool = setting(True, "a progress bar on a terminal with tqdm; else a line every epoch")
-    max_bad_steps: int = setting(100, "stop after this many steps in a row with a non-finite loss or gradients "
-                                 "(0: never)", at_least=0)  # fmt: skip
+    max_bad_steps: int = setting(
+        100, "stop after this many steps in a row with a non-finite loss or gradients (0: never)", at_least=0
+    )
 
     def __post_init__(self):
         config_lib.check_ranges(self)
@@ -84,11 +85,16 @@ class ClassifyConfig(observe.RunSettings):
         _, height, _, channels = data.train_images.shape
         try:
             return mobilenet.MobileNetConfig(
-                version=self.version, n_classes=data.num_classes, image_size=height, in_channels=channels,
-                width_mult=self.width, dropout=self.dropout, bn_momentum=self.bn_momentum,
+                version=self.version,
+                n_classes=data.num_classes,
+                image_size=height,
+                in_channels=channels,
+                width_mult=self.width,
+                dropout=self.dropout,
+                bn_momentum=self.bn_momentum,
                 num_downsamples=None if self.num_downsamples == -1 else self.num_downsamples,
                 depthwise_impl=self.depthwise_impl,
-            )  # fmt: skip
+            )
         except ValueError as e:
             raise config_lib.ConfigError(str(e)) from None
 
@@ -150,8 +156,9 @@ def make_loss_fn(model: mobilenet.MobileNetConfig):
 
 def predict(params, model_state, x: np.ndarray, model: mobilenet.MobileNetConfig, logits_fn) -> np.ndarray:
     """Logits of every image in eval mode, EVAL_BATCH at a time."""
-    return np.concatenate([np.asarray(logits_fn(params, model_state, x[i : i + EVAL_BATCH]))
-                           for i in range(0, len(x), EVAL_BATCH)])  # fmt: skip
+    return np.concatenate(
+        [np.asarray(logits_fn(params, model_state, x[i : i + EVAL_BATCH])) for i in range(0, len(x), EVAL_BATCH)]
+    )
 
 
 # ---------------------------------------------------------------- the program
@@ -162,15 +169,17 @@ def new_state(cfg: ClassifyConfig, model: mobilenet.MobileNetConfig, total_steps
     `optim.train_step` threads through the loss function."""
     key = jax.random.key(cfg.seed)
     params = mobilenet.init(jax.random.fold_in(key, 0), model)
-    return optim.init_train_state(params, make_optimizer(cfg, total_steps), jax.random.fold_in(key, 1),
-                                  model_state=mobilenet.init_state(model))  # fmt: skip
+    return optim.init_train_state(
+        params, make_optimizer(cfg, total_steps), jax.random.fold_in(key, 1), model_state=mobilenet.init_state(model)
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     with signals.StopSignal() as stop, observe.Observer() as observer:  # a signal while starting up: no traceback
-        cfg = config_lib.command_line(ClassifyConfig, argv, prog="train.classify", doc=__doc__,
-                                      default_preset="classify_digits")  # fmt: skip
+        cfg = config_lib.command_line(
+            ClassifyConfig, argv, prog="train.classify", doc=__doc__, default_preset="classify_digits"
+        )
         out_dir = run.prepare_out_dir(cfg.out_dir)
         observer.start(cfg, out_dir, config=dataclasses.asdict(cfg))  # the compile cache, loggers: before compiling
         manager = checkpoint.CheckpointManager(out_dir, keep_last=cfg.keep_checkpoints)
@@ -190,32 +199,54 @@ def main(argv: list[str] | None = None) -> dict:
         total_steps = cfg.epochs * steps_per_epoch
         window = observe.profile_window(cfg.profile)
         if window and window[1] > total_steps:  # known only now: the steps an epoch has come from the data
-            raise SystemExit(f"error: --profile={cfg.profile}: the run ends at step {total_steps} ({cfg.epochs} "
-                             f"epochs of {steps_per_epoch} steps), before iteration {window[1]}")  # fmt: skip
+            raise SystemExit(
+                f"error: --profile={cfg.profile}: the run ends at step {total_steps} ({cfg.epochs} "
+                f"epochs of {steps_per_epoch} steps), before iteration {window[1]}"
+            )
         if saved:
             state, info = resume.restore(manager, lambda: new_state(cfg, model, total_steps))
             print(f"resumed from {manager.path(info.step)} at step {info.step}")
         else:
             state, info = new_state(cfg, model, total_steps), None
         size, final = model.image_size, model.final_size
-        print(f"model: MobileNet{model.version.upper()} width {model.width_mult}, "
-              f"{tree_lib.count(state.params) / 1e6:.2f}M params, {model.downsamples} stride-2 layers, "
-              f"{size}x{size} -> {final}x{final}")  # fmt: skip
-        print(f"data: {cfg.dataset}, {len(data.train_images):,} train / {len(data.test_images):,} test images; "
-              f"{steps_per_epoch} steps of {cfg.batch_size} per epoch, {cfg.epochs} epochs")  # fmt: skip
-        config = {"program": PROGRAM, "train": dataclasses.asdict(cfg), "model": dataclasses.asdict(model),
-                  "data": fingerprint}  # fmt: skip
+        print(
+            f"model: MobileNet{model.version.upper()} width {model.width_mult}, "
+            f"{tree_lib.count(state.params) / 1e6:.2f}M params, {model.downsamples} stride-2 layers, "
+            f"{size}x{size} -> {final}x{final}"
+        )
+        print(
+            f"data: {cfg.dataset}, {len(data.train_images):,} train / {len(data.test_images):,} test images; "
+            f"{steps_per_epoch} steps of {cfg.batch_size} per epoch, {cfg.epochs} epochs"
+        )
+        config = {
+            "program": PROGRAM,
+            "train": dataclasses.asdict(cfg),
+            "model": dataclasses.asdict(model),
+            "data": fingerprint,
+        }
         return train(cfg, model, data, state, manager, config, info, stop, observer)
 
 
-def train(cfg: ClassifyConfig, model: mobilenet.MobileNetConfig, data: images_lib.ImageSplits,
-          state: optim.TrainState, manager: checkpoint.CheckpointManager, config: dict, resumed: Any,
-          stop: signals.StopSignal, observer: observe.Observer) -> dict:  # fmt: skip
+def train(
+    cfg: ClassifyConfig,
+    model: mobilenet.MobileNetConfig,
+    data: images_lib.ImageSplits,
+    state: optim.TrainState,
+    manager: checkpoint.CheckpointManager,
+    config: dict,
+    resumed: Any,
+    stop: signals.StopSignal,
+    observer: observe.Observer,
+) -> dict:
     """The loop (`train.loop`) with what is particular to a classifier: epochs of shuffled (and
     shifted) batches, the test accuracy after each, then a checkpoint; at the end the confusion matrix."""
     steps_per_epoch = len(data.train_images) // cfg.batch_size
-    step_fn = functools.partial(optim.train_step, loss_fn=make_loss_fn(model), max_grad_norm=cfg.grad_clip or None,
-                                optimizer=make_optimizer(cfg, cfg.epochs * steps_per_epoch))  # fmt: skip
+    step_fn = functools.partial(
+        optim.train_step,
+        loss_fn=make_loss_fn(model),
+        max_grad_norm=cfg.grad_clip or None,
+        optimizer=make_optimizer(cfg, cfg.epochs * steps_per_epoch),
+    )
     logits_fn = lambda p, s, x: mobilenet.apply(p, x, s, model, train=False)[0]  # noqa: E731
     if cfg.compile:
         step_fn, logits_fn = jax.jit(step_fn, donate_argnums=0), jax.jit(logits_fn)
@@ -249,9 +280,18 @@ def train(cfg: ClassifyConfig, model: mobilenet.MobileNetConfig, data: images_li
         loop.say(f"epoch {it // steps_per_epoch:3d}: test loss {test_loss:.4f}, test accuracy {accuracy:.2%}")
         loop.save(state, it, "epoch", test_accuracy=accuracy)
 
-    loop = Loop(manager.directory, stop, save, start=int(state.step), total=cfg.epochs * steps_per_epoch,
-                log_interval=steps_per_epoch, progress=cfg.progress, max_bad_steps=cfg.max_bad_steps,
-                resumed=resumed is not None, observer=observer)  # fmt: skip
+    loop = Loop(
+        manager.directory,
+        stop,
+        save,
+        start=int(state.step),
+        total=cfg.epochs * steps_per_epoch,
+        log_interval=steps_per_epoch,
+        progress=cfg.progress,
+        max_bad_steps=cfg.max_bad_steps,
+        resumed=resumed is not None,
+        observer=observer,
+    )
     state = loop.run(state, step, after_epoch)
     accuracy, test_loss, predicted = evaluate(state)
     counts = confusion.matrix(data.test_labels, predicted, data.num_classes)

@@ -224,8 +224,16 @@ def describe(cls: type, preset: str | None = None) -> list[tuple[str, str, str, 
     hints = typing.get_type_hints(cls)
     inherited = {f.name for base in cls.__bases__ if dataclasses.is_dataclass(base) for f in dataclasses.fields(base)}
     fields = sorted(dataclasses.fields(cls), key=lambda f: f.name in inherited)  # stable: each group keeps its order
-    return [(f.name, type_name(hints[f.name]), str(f.metadata.get("range", "")), _shown(values.get(f.name, f.default)),
-             _meaning(f)) for f in fields]  # fmt: skip
+    return [
+        (
+            f.name,
+            type_name(hints[f.name]),
+            str(f.metadata.get("range", "")),
+            _shown(values.get(f.name, f.default)),
+            _meaning(f),
+        )
+        for f in fields
+    ]
 
 
 def _meaning(field: dataclasses.Field) -> str:
@@ -243,12 +251,15 @@ def help_text(cls: type, preset: str | None = None, doc: str = "", prog: str = "
     lines = [f"usage: python -m {prog or cls.__module__} [--config=PRESET] [--key=value ...]", "", summary, ""]
     if preset is not None:
         family = re.match(r"[a-z]*", Path(preset).stem).group()  # gpt_cpu -> the gpt* presets
-        lines.append(f"Defaults with the preset {preset} applied (--config=NAME or a .toml path; presets: "
-                     f"{', '.join(preset_names(family))}).")  # fmt: skip
+        lines.append(
+            f"Defaults with the preset {preset} applied (--config=NAME or a .toml path; presets: "
+            f"{', '.join(preset_names(family))})."
+        )
     lines.append("Settings, as --key=value (type, default, meaning, range):")
     for name, kind, limits, default, text in rows:
-        lines.append(f"  {f'--{name}={kind}':<{width}}  {default:<{default_width}}  {text}"
-                     + (f" ({limits})" if limits else ""))  # fmt: skip
+        lines.append(
+            f"  {f'--{name}={kind}':<{width}}  {default:<{default_width}}  {text}" + (f" ({limits})" if limits else "")
+        )
     return "\n".join(lines)
 
 

@@ -72,11 +72,16 @@ def check_base(model: Any, saved: dict | None, directory: str) -> None:
         return
     run_only = ("dropout", "layers", "attention_impl", "remat")
     now = json.loads(json.dumps(dataclasses.asdict(model)))  # as the checkpoint's header stores it: lists, not tuples
-    differ = [f"{k}: {saved['model'].get(k)!r} then, {v!r} now" for k, v in now.items()
-              if k not in run_only and saved["model"].get(k) != v]  # fmt: skip
+    differ = [
+        f"{k}: {saved['model'].get(k)!r} then, {v!r} now"
+        for k, v in now.items()
+        if k not in run_only and saved["model"].get(k) != v
+    ]
     if differ:
-        raise SystemExit(f"error: the base in {directory} is not the model the checkpoint's adapters were trained "
-                         f"on ({'; '.join(differ)})")  # fmt: skip
+        raise SystemExit(
+            f"error: the base in {directory} is not the model the checkpoint's adapters were trained "
+            f"on ({'; '.join(differ)})"
+        )
 
 
 def new_state(cfg: FinetuneConfig, base: dict, config: lora.LoraConfig) -> optim.TrainState:
@@ -138,13 +143,21 @@ def main(argv: list[str] | None = None) -> dict:
         models.check_settings(cfg, base)  # the rank against the base's widths, --merge_into: before any work
         dataset, fingerprint = gpt_program.open_data(cfg.train_config(), Devices(), saved)
         if dataset.tokenizer.vocab_size > model.vocab_size:
-            raise SystemExit(f"error: the {cfg.tokenizer} tokenizer has {dataset.tokenizer.vocab_size} ids, but the "
-                             f"base model only {model.vocab_size}")  # fmt: skip
+            raise SystemExit(
+                f"error: the {cfg.tokenizer} tokenizer has {dataset.tokenizer.vocab_size} ids, but the "
+                f"base model only {model.vocab_size}"
+            )
         dataset.tokenizer.save(out_dir / "tokenizer.json")
         config = cfg.lora_config()
         state, info = start_state(cfg, base.params, config, manager, saved)
-        run_config = {"program": PROGRAM, "train": dataclasses.asdict(cfg), "model": dataclasses.asdict(model),
-                      "lora": dataclasses.asdict(config), "base": str(base_dir), "data": fingerprint}  # fmt: skip
+        run_config = {
+            "program": PROGRAM,
+            "train": dataclasses.asdict(cfg),
+            "model": dataclasses.asdict(model),
+            "lora": dataclasses.asdict(config),
+            "base": str(base_dir),
+            "data": fingerprint,
+        }
         compiled = compile_step(cfg, model, config)
         state, result = train(cfg, base, config, dataset, state, compiled, manager, run_config, info, stop)
         return {**result, **finish(cfg, state.params, base, config, base_dir, dataset.tokenizer)}
@@ -184,18 +197,31 @@ def train(
         last, evaluated_at = gpt_program.estimate_loss(eval_loss, state.params, dataset, train_cfg, it), it
         base_val = last["val_loss"] if it == 0 else base_val
         loop.write(iter=it, **last)
-        loop.say(f"iter {it}: train loss {last['train_loss']:.4f}, val loss {last['val_loss']:.4f}"
-                 + (" (the base)" if it == 0 else f" (the base: {base_val:.4f})"))  # fmt: skip
+        loop.say(
+            f"iter {it}: train loss {last['train_loss']:.4f}, val loss {last['val_loss']:.4f}"
+            + (" (the base)" if it == 0 else f" (the base: {base_val:.4f})")
+        )
         improved, best = last["val_loss"] < best, min(best, last["val_loss"])
         if it > 0 and (improved or cfg.always_save_checkpoint):
             loop.save(state, it, "eval")
 
-    loop = Loop(manager.directory, stop, save, start=start, total=cfg.max_iters, log_interval=cfg.log_interval,
-                progress=cfg.progress, max_bad_steps=cfg.max_bad_steps, resumed=resumed is not None,
-                rates=lambda seconds: {"tokens_per_s": cfg.batch_size * cfg.block_size / seconds})  # fmt: skip
+    loop = Loop(
+        manager.directory,
+        stop,
+        save,
+        start=start,
+        total=cfg.max_iters,
+        log_interval=cfg.log_interval,
+        progress=cfg.progress,
+        max_bad_steps=cfg.max_bad_steps,
+        resumed=resumed is not None,
+        rates=lambda seconds: {"tokens_per_s": cfg.batch_size * cfg.block_size / seconds},
+    )
     trainable, frozen = tree_lib.count(state.params), tree_lib.count(base.params)
-    loop.say(f"LoRA {config}: {trainable:,} trainable params ({trainable / frozen:.2%} of the base's {frozen:,}, "
-             f"{cfg.base_dtype}); optimizer state {tree_lib.nbytes(state.opt_state) / 1e6:.2f} MB")  # fmt: skip
+    loop.say(
+        f"LoRA {config}: {trainable:,} trainable params ({trainable / frozen:.2%} of the base's {frozen:,}, "
+        f"{cfg.base_dtype}); optimizer state {tree_lib.nbytes(state.opt_state) / 1e6:.2f} MB"
+    )
     if resumed:
         loop.say(f"resumed from {manager.path(resumed.step)} at iter {resumed.step}")
     state = loop.run(state, lambda state, it: step_fn(state, next(batches), base.params), evaluate_when_due)
@@ -237,8 +263,16 @@ def sample(cfg: FinetuneConfig, params: dict, model: Any, tokenizer: data_lib.To
     if len(ids) == 0:
         raise SystemExit("error: --start is empty; give at least one character to sample from")
     prompt = jnp.asarray(np.tile(ids, (cfg.num_samples, 1)))
-    out = models.generate(params, model, prompt, vocab_size=tokenizer.vocab_size, key=jax.random.key(cfg.seed),
-                          max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k)  # fmt: skip
+    out = models.generate(
+        params,
+        model,
+        prompt,
+        vocab_size=tokenizer.vocab_size,
+        key=jax.random.key(cfg.seed),
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_k=cfg.top_k,
+    )
     return [tokenizer.decode(row) for row in np.asarray(out)]
 
 

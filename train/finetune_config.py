@@ -23,8 +23,9 @@ class FinetuneConfig:
 
     # I/O
     out_dir: str = setting("out-finetune", "where checkpoints, adapters.msgpack, metrics.jsonl and loss.png go")
-    init_from: str = setting("", "the base: a Hugging Face GPT-2 or Llama directory, or 'resume' (out_dir's "
-                             "newest checkpoint)")  # fmt: skip
+    init_from: str = setting(
+        "", "the base: a Hugging Face GPT-2 or Llama directory, or 'resume' (out_dir's newest checkpoint)"
+    )
     eval_interval: int = setting(50, "estimate the train and val loss (and save) every this many steps", at_least=1)
     log_interval: int = setting(10, "a metrics row every this many steps", at_least=1)
     eval_iters: int = setting(20, "batches of each split per loss estimate", at_least=1)
@@ -35,8 +36,9 @@ class FinetuneConfig:
     )
     # data
     dataset: str = setting("stdlib", "a prepared directory, a name under data/, or any text file or directory")
-    tokenizer: Literal["char", "byte"] = setting("byte", "one id per UTF-8 byte (the same ids on any text), or "
-                                                 "per character of this corpus")  # fmt: skip
+    tokenizer: Literal["char", "byte"] = setting(
+        "byte", "one id per UTF-8 byte (the same ids on any text), or per character of this corpus"
+    )
     batch_size: int = setting(8, "sequences per step", at_least=1)
     block_size: int = setting(64, "context length in tokens (the base's positions are cropped to it)", at_least=1)
     # LoRA (Hu et al. 2021)
@@ -44,10 +46,12 @@ class FinetuneConfig:
         8, "r: the rank of every adapter A @ B (at most the narrowest side of the matrices adapted)", at_least=1
     )
     lora_alpha: float = setting(16.0, "the adapters' output is scaled by lora_alpha / lora_rank", above=0)
-    lora_targets: str = setting("blocks.attn.qkv.w,blocks.mlp.*.w", "comma-separated param paths to adapt; `*` "
-                                "matches one dotted component")  # fmt: skip
-    base_dtype: Literal["float32", "bfloat16"] = setting("float32", "the frozen base's dtype in memory (the adapters "
-                                                         "and their optimizer state stay float32)")  # fmt: skip
+    lora_targets: str = setting(
+        "blocks.attn.qkv.w,blocks.mlp.*.w", "comma-separated param paths to adapt; `*` matches one dotted component"
+    )
+    base_dtype: Literal["float32", "bfloat16"] = setting(
+        "float32", "the frozen base's dtype in memory (the adapters and their optimizer state stay float32)"
+    )
     dropout: float = setting(0.0, "the base model's dropout while training", at_least=0, below=1)
     layers: Literal["scan", "loop"] = setting("scan", "blocks as one lax.scan or a Python loop")
     # AdamW on the adapters, warmup + cosine schedule (train.gpt's)

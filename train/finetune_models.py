@@ -44,8 +44,10 @@ def family(directory: str | Path) -> str:
     """The model_type of the Hugging Face directory, checked to be one this program fine-tunes."""
     config_file = Path(directory) / "config.json"
     if not config_file.is_file():
-        raise SystemExit(f"error: --init_from={str(directory)!r} is not a Hugging Face model directory (no "
-                         "config.json there); give a GPT-2 or Llama directory, or 'resume'")  # fmt: skip
+        raise SystemExit(
+            f"error: --init_from={str(directory)!r} is not a Hugging Face model directory (no "
+            "config.json there); give a GPT-2 or Llama directory, or 'resume'"
+        )
     kind = json.loads(config_file.read_text()).get("model_type")
     if kind not in FAMILIES:
         raise SystemExit(f"error: {config_file} has model_type {kind!r}; train.finetune reads {sorted(FAMILIES)}")

@@ -76,8 +76,12 @@ class TrainConfig(observe.RunSettings):
     mask_ratio: float = setting(0.0, "fraction of the patches masked after the mixer (MicroDiT)", at_least=0, below=1)
     n_experts: int = setting(0, "mixture-of-experts MLPs per block (0: dense)", at_least=0)
     layers: Literal["scan", "loop"] = setting("scan", "blocks as one lax.scan or a Python loop (faster on CPU here)")
-    remat: str = setting("none", "recompute activations in the backward pass: 'none', 'block' or a "
-                         "jax.checkpoint_policies name (purejax/nn/remat.py)", check=remat_lib.check)  # fmt: skip
+    remat: str = setting(
+        "none",
+        "recompute activations in the backward pass: 'none', 'block' or a "
+        "jax.checkpoint_policies name (purejax/nn/remat.py)",
+        check=remat_lib.check,
+    )
     # rectified flow
     time_sampling: Literal["uniform", "logit_normal"] = setting("logit_normal", "how training times are drawn")
     shift: float = setting(1.0, "the resolution shift of the times (1: none)", above=0)
@@ -90,8 +94,9 @@ class TrainConfig(observe.RunSettings):
     min_lr: float = setting(1e-4, "the learning rate at the end of the decay", at_least=0)
     weight_decay: float = setting(0.0, "AdamW's decoupled weight decay", at_least=0)
     grad_clip: float = setting(1.0, "clip the gradients to this global norm; 0 disables clipping", at_least=0)
-    ema_decay: float = setting(0.999, "the parameter average's decay, after a warmup (optim.ema_warmup)",
-                               at_least=0, at_most=1)  # fmt: skip
+    ema_decay: float = setting(
+        0.999, "the parameter average's decay, after a warmup (optim.ema_warmup)", at_least=0, at_most=1
+    )
     # sampling and evaluation
     sample_steps: int = setting(32, "Euler steps per sample", at_least=1)
     sample_guidance: float = setting(1.5, "classifier-free guidance of the sample grids", at_least=0)
@@ -101,8 +106,9 @@ class TrainConfig(observe.RunSettings):
     dtype: Literal["float32", "bfloat16"] = setting("float32", "compute dtype (params stay float32)")
     seed: int = setting(0, "the seed of the init, the batches and the noise", at_least=0, below=2**32)
     progress: bool = setting(True, "a progress bar on a terminal with tqdm; else a line every log_interval")
-    max_bad_steps: int = setting(100, "stop after this many steps in a row with a non-finite loss or gradients "
-                                 "(0: never)", at_least=0)  # fmt: skip
+    max_bad_steps: int = setting(
+        100, "stop after this many steps in a row with a non-finite loss or gradients (0: never)", at_least=0
+    )
 
     def __post_init__(self):
         config_lib.check_ranges(self)
@@ -115,23 +121,39 @@ class TrainConfig(observe.RunSettings):
         try:
             return tuple(float(g) for g in self.eval_guidance.split(",") if g.strip())
         except ValueError:
-            raise config_lib.ConfigError(f"eval_guidance={self.eval_guidance!r}: expected numbers separated by "
-                                         "commas") from None  # fmt: skip
+            raise config_lib.ConfigError(
+                f"eval_guidance={self.eval_guidance!r}: expected numbers separated by commas"
+            ) from None
 
     def model_config(self, data: images_lib.ImageSplits) -> dit.DiTConfig:
         _, size, _, channels = data.train_images.shape
         try:
-            return dit.DiTConfig(input_size=size, in_channels=channels, n_classes=data.num_classes, learn_sigma=False,
-                                 time_scale=1000.0, patch_size=self.patch_size, d_model=self.d_model,
-                                 n_layer=self.n_layer, n_head=self.n_head, mlp_ratio=self.mlp_ratio,
-                                 n_mixer=self.n_mixer, n_experts=self.n_experts, layers=self.layers,
-                                 remat=self.remat)  # fmt: skip
+            return dit.DiTConfig(
+                input_size=size,
+                in_channels=channels,
+                n_classes=data.num_classes,
+                learn_sigma=False,
+                time_scale=1000.0,
+                patch_size=self.patch_size,
+                d_model=self.d_model,
+                n_layer=self.n_layer,
+                n_head=self.n_head,
+                mlp_ratio=self.mlp_ratio,
+                n_mixer=self.n_mixer,
+                n_experts=self.n_experts,
+                layers=self.layers,
+                remat=self.remat,
+            )
         except ValueError as e:
             raise config_lib.ConfigError(str(e)) from None
 
     def flow_config(self, model: dit.DiTConfig) -> rf.FlowConfig:
-        return rf.FlowConfig(time_sampling=self.time_sampling, shift=self.shift, label_dropout=self.label_dropout,
-                             null_class=model.null_class)  # fmt: skip
+        return rf.FlowConfig(
+            time_sampling=self.time_sampling,
+            shift=self.shift,
+            label_dropout=self.label_dropout,
+            null_class=model.null_class,
+        )
 
 
 PROGRAM = "train.flow"
@@ -181,9 +203,13 @@ def new_state(cfg: TrainConfig, model: dit.DiTConfig, ema: optim.ParamEMA) -> op
 
 def make_sampler(model: dit.DiTConfig, n_steps: int):
     """`(params, key, labels, guidance) -> images in [0, 1]`, jitted: one compilation per batch size."""
-    sample = functools.partial(rf.sample, functools.partial(dit.velocity, config=model), n_steps=n_steps,
-                               shape=(model.input_size, model.input_size, model.in_channels),
-                               null_class=model.null_class)  # fmt: skip
+    sample = functools.partial(
+        rf.sample,
+        functools.partial(dit.velocity, config=model),
+        n_steps=n_steps,
+        shape=(model.input_size, model.input_size, model.in_channels),
+        null_class=model.null_class,
+    )
     return jax.jit(lambda params, key, y, guidance: jnp.clip((sample(params, key, y, guidance=guidance) + 1) / 2, 0, 1))
 
 
@@ -191,8 +217,10 @@ def load_data(cfg: TrainConfig, saved: dict | None) -> tuple[images_lib.ImageSpl
     """(the images, the model for them, their fingerprint), checked against the checkpoint's when resuming."""
     try:
         if cfg.guidances and importlib.util.find_spec("sklearn") is None:
-            raise ModuleNotFoundError("the final evaluation's classifier needs scikit-learn: pip install scikit-learn "
-                                      "(or purejax[examples]), or skip it with --eval_guidance=")  # fmt: skip
+            raise ModuleNotFoundError(
+                "the final evaluation's classifier needs scikit-learn: pip install scikit-learn "
+                "(or purejax[examples]), or skip it with --eval_guidance="
+            )
         data = images_lib.load_images(cfg.dataset)
         model = cfg.model_config(data)
     except (ValueError, ModuleNotFoundError, FileNotFoundError) as e:
@@ -205,8 +233,7 @@ def load_data(cfg: TrainConfig, saved: dict | None) -> tuple[images_lib.ImageSpl
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     with signals.StopSignal() as stop, observe.Observer() as observer:  # a signal while starting up: no traceback
-        cfg = config_lib.command_line(TrainConfig, argv, prog="train.flow", doc=__doc__,
-                                      default_preset="flow_digits")  # fmt: skip
+        cfg = config_lib.command_line(TrainConfig, argv, prog="train.flow", doc=__doc__, default_preset="flow_digits")
         out_dir = run.prepare_out_dir(cfg.out_dir)
         observer.start(cfg, out_dir, config=dataclasses.asdict(cfg))  # the compile cache, loggers: before compiling
         manager = checkpoint.CheckpointManager(out_dir, keep_last=cfg.keep_checkpoints)
@@ -219,32 +246,63 @@ def main(argv: list[str] | None = None) -> dict:
             state, info = resume.restore(manager, lambda: new_state(cfg, model, ema))
         else:
             state, info = new_state(cfg, model, ema), None
-        config = {"program": PROGRAM, "train": dataclasses.asdict(cfg), "model": dataclasses.asdict(model),
-                  "data": fingerprint}  # fmt: skip
+        config = {
+            "program": PROGRAM,
+            "train": dataclasses.asdict(cfg),
+            "model": dataclasses.asdict(model),
+            "data": fingerprint,
+        }
 
         def save(state: optim.TrainState, it: int, reason: str) -> Path:
             return manager.save(it, state, config=config, metadata={"reason": reason})
 
-        loop = Loop(out_dir, stop, save, start=int(state.step), total=cfg.max_iters, log_interval=cfg.log_interval,
-                    progress=cfg.progress, max_bad_steps=cfg.max_bad_steps, resumed=info is not None,
-                    observer=observer)  # fmt: skip
+        loop = Loop(
+            out_dir,
+            stop,
+            save,
+            start=int(state.step),
+            total=cfg.max_iters,
+            log_interval=cfg.log_interval,
+            progress=cfg.progress,
+            max_bad_steps=cfg.max_bad_steps,
+            resumed=info is not None,
+            observer=observer,
+        )
         if info:
             loop.say(f"resumed from {manager.path(info.step)} at iter {info.step}")
         masked = f", MicroDiT mask ratio {cfg.mask_ratio} after {model.n_mixer} mixer blocks" if cfg.mask_ratio else ""
-        loop.say(f"model: DiT {model.n_layer}x{model.d_model}, patch {model.patch_size}, {model.seq} tokens, "
-                 f"{tree_lib.count(state.params) / 1e6:.2f}M params{masked}")  # fmt: skip
-        loop.say(f"data: {cfg.dataset}, {len(data.train_images)} train / {len(data.test_images)} test images "
-                 f"{data.train_images.shape[1:]}, batch {cfg.batch_size}")  # fmt: skip
+        loop.say(
+            f"model: DiT {model.n_layer}x{model.d_model}, patch {model.patch_size}, {model.seq} tokens, "
+            f"{tree_lib.count(state.params) / 1e6:.2f}M params{masked}"
+        )
+        loop.say(
+            f"data: {cfg.dataset}, {len(data.train_images)} train / {len(data.test_images)} test images "
+            f"{data.train_images.shape[1:]}, batch {cfg.batch_size}"
+        )
         return train(loop, state, cfg, model, data, ema)
 
 
-def train(loop: Loop, state: optim.TrainState, cfg: TrainConfig, model: dit.DiTConfig, data: images_lib.ImageSplits,
-          ema: optim.ParamEMA) -> dict:  # fmt: skip
+def train(
+    loop: Loop,
+    state: optim.TrainState,
+    cfg: TrainConfig,
+    model: dit.DiTConfig,
+    data: images_lib.ImageSplits,
+    ema: optim.ParamEMA,
+) -> dict:
     """The loop with what is particular to this program: batches from (seed, step), interval checkpoints and
     sample grids, and at the end samples of every class judged by `sample_quality.evaluate`."""
     loss_fn = make_loss_fn(cfg, model, Policy(jnp.float32, cfg.dtype, jnp.float32))
-    step_fn = jax.jit(functools.partial(optim.train_step, loss_fn=loss_fn, optimizer=make_optimizer(cfg),
-                                        max_grad_norm=cfg.grad_clip or None, ema=ema), donate_argnums=0)  # fmt: skip
+    step_fn = jax.jit(
+        functools.partial(
+            optim.train_step,
+            loss_fn=loss_fn,
+            optimizer=make_optimizer(cfg),
+            max_grad_norm=cfg.grad_clip or None,
+            ema=ema,
+        ),
+        donate_argnums=0,
+    )
     sampler = make_sampler(model, cfg.sample_steps)
     grid_labels = jnp.repeat(jnp.arange(data.num_classes), data.num_classes)  # one row per class
 
@@ -273,10 +331,13 @@ def train(loop: Loop, state: optim.TrainState, cfg: TrainConfig, model: dit.DiTC
         loop.write(**result)
         accuracies = ", ".join(f"{result[f'accuracy_g{g:g}']:.1%} at guidance {g:g}" for g in cfg.guidances)
         distances = ", ".join(f"{result[f'fd_g{g:g}']:.3f} at guidance {g:g}" for g in cfg.guidances)
-        loop.say(f"classifier reads {accuracies} as the requested class "
-                 f"(it scores {result['classifier_test_accuracy']:.1%} on the real test digits)")  # fmt: skip
-        loop.say(f"pixel Frechet distance to the test digits: {distances}; real train vs test: "
-                 f"{result['fd_floor']:.3f}")  # fmt: skip
+        loop.say(
+            f"classifier reads {accuracies} as the requested class "
+            f"(it scores {result['classifier_test_accuracy']:.1%} on the real test digits)"
+        )
+        loop.say(
+            f"pixel Frechet distance to the test digits: {distances}; real train vs test: {result['fd_floor']:.3f}"
+        )
     loop.say(f"trained {result['iter']} iters in {run.format_seconds(result['train_seconds'])}{samples}")
     loop.plot(f"DiT {model.n_layer}x{model.d_model} rectified flow on {cfg.dataset}")
     return result

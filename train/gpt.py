@@ -54,8 +54,19 @@ __all__ = ["TrainConfig", "decays", "main", "make_loss_fn", "make_optimizer", "p
 PROGRAM = "train.gpt"
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "gelu")
 DATA_KEYS = ("dataset", "tokenizer")
-LAUNCH_KEYS = ("dp", "tp", "cp", "pp", "micro_batches", "pipeline_schedule", "fsdp", "sp", "coordinator",
-               "num_processes", "process_id")  # never from a checkpoint: a run continues on another mesh  # fmt: skip
+LAUNCH_KEYS = (
+    "dp",
+    "tp",
+    "cp",
+    "pp",
+    "micro_batches",
+    "pipeline_schedule",
+    "fsdp",
+    "sp",
+    "coordinator",
+    "num_processes",
+    "process_id",
+)  # never from a checkpoint: a run continues on another mesh
 
 
 def estimate_loss(
@@ -81,8 +92,12 @@ def resolve_resume(
     the overrides given now, except that an override contradicting the model or the data is an error (a
     checkpoint cannot be loaded into another architecture or continued on other data)."""
     saved = resume.saved_config(manager, PROGRAM, parts=("train", "model"))
-    missing = [f"{part}.{k}" for part, keys in (("model", MODEL_KEYS), ("train", DATA_KEYS)) for k in keys
-               if k not in saved[part]]  # fmt: skip
+    missing = [
+        f"{part}.{k}"
+        for part, keys in (("model", MODEL_KEYS), ("train", DATA_KEYS))
+        for k in keys
+        if k not in saved[part]
+    ]
     if missing:
         raise SystemExit(f"error: cannot resume from {manager.directory}: its config lacks {missing}")
     recorded = {**{k: saved["model"][k] for k in MODEL_KEYS}, **{k: saved["train"][k] for k in DATA_KEYS}}
@@ -114,8 +129,9 @@ def open_data(cfg: TrainConfig, devices: Devices, saved: dict | None) -> tuple[d
     return dataset, fingerprint
 
 
-def choose_model(cfg: TrainConfig, vocab_size: int, devices: Devices, saved: dict | None,
-                 imported: gpt.GPTConfig | None) -> tuple[gpt.GPTConfig, Any]:  # fmt: skip
+def choose_model(
+    cfg: TrainConfig, vocab_size: int, devices: Devices, saved: dict | None, imported: gpt.GPTConfig | None
+) -> tuple[gpt.GPTConfig, Any]:
     """(the model, its param specs on the mesh): the checkpoint's, the imported one, or a new one for the
     tokenizer; checked against the tokenizer and the devices before anything compiles."""
     try:
@@ -127,8 +143,10 @@ def choose_model(cfg: TrainConfig, vocab_size: int, devices: Devices, saved: dic
         if vocab_size > model.vocab_size:
             raise ValueError(f"the tokenizer has {vocab_size} tokens, the model {model.vocab_size}")
         if model.vocab_size % cfg.tp:  # padded for the tp the run started with
-            raise ValueError(f"the model's vocabulary ({model.vocab_size} rows) cannot be split over --tp={cfg.tp}; "
-                             f"use a tp that divides {model.vocab_size}")  # fmt: skip
+            raise ValueError(
+                f"the model's vocabulary ({model.vocab_size} rows) cannot be split over --tp={cfg.tp}; "
+                f"use a tp that divides {model.vocab_size}"
+            )
         param_specs = model_specs(model, devices)
         devices.local_rows(cfg.batch_size)  # checks that the batch splits over dp
     except (config_lib.ConfigError, ValueError) as e:
@@ -197,8 +215,12 @@ def main(argv: list[str] | None = None) -> dict:
         else:
             state, state_specs, info = resume_state(cfg, model, saved, manager, devices, param_specs)
         step_fn, eval_loss = compile_step(cfg, model, devices, state_specs, param_specs)
-        config = {"program": PROGRAM, "train": dataclasses.asdict(cfg), "model": dataclasses.asdict(model),
-                  "data": fingerprint}  # fmt: skip
+        config = {
+            "program": PROGRAM,
+            "train": dataclasses.asdict(cfg),
+            "model": dataclasses.asdict(model),
+            "data": fingerprint,
+        }
         return train(cfg, model, dataset, devices, state, (step_fn, eval_loss), manager, config, info, stop, observer)
 
 
@@ -250,21 +272,36 @@ def train(
         tokens = {"tokens_per_s": tokens_per_iter / seconds_per_iter}
         return {**tokens, "mfu": gpt.estimate_mfu(model, tokens["tokens_per_s"], peak)} if peak else tokens
 
-    loop = Loop(manager.directory, stop, save, start=start, total=start if cfg.eval_only else cfg.max_iters,
-                log_interval=cfg.log_interval, progress=cfg.progress, max_bad_steps=cfg.max_bad_steps,
-                resumed=resumed is not None, main=distributed.is_main(), rates=rates,
-                agree=devices.stop_agreement(), observer=observer)  # fmt: skip
+    loop = Loop(
+        manager.directory,
+        stop,
+        save,
+        start=start,
+        total=start if cfg.eval_only else cfg.max_iters,
+        log_interval=cfg.log_interval,
+        progress=cfg.progress,
+        max_bad_steps=cfg.max_bad_steps,
+        resumed=resumed is not None,
+        main=distributed.is_main(),
+        rates=rates,
+        agree=devices.stop_agreement(),
+        observer=observer,
+    )
     loop.say(f"model: {gpt.num_params(state.params) / 1e6:.2f}M non-embedding params, {model}")
-    loop.say(f"data: {len(dataset.train):,} train / {len(dataset.val):,} val tokens, vocab {model.vocab_size}; "
-             f"{tokens_per_iter:,} tokens per iter; {peak_source}")  # fmt: skip
+    loop.say(
+        f"data: {len(dataset.train):,} train / {len(dataset.val):,} val tokens, vocab {model.vocab_size}; "
+        f"{tokens_per_iter:,} tokens per iter; {peak_source}"
+    )
     loop.say(f"dtype: {cfg.dtype} compute, float32 params, on {jax.default_backend()}")
     if devices.sharded:
         cp = f", sequences split over cp={devices.cp}" if devices.cp > 1 else ""
         cp += ", sequence parallel over tp (sp)" if devices.sp else ""
         pp = f", {devices.pp} pipeline stages ({cfg.pipeline_schedule}, {cfg.micro_batches} micro-batches)"
         mesh = f"{devices.dp} x {devices.tp} mesh{' (fsdp)' if devices.fsdp else ''}{cp}{pp if devices.pp > 1 else ''}"
-        loop.say(f"devices: {mesh} of {jax.device_count()} {jax.devices()[0].platform} devices in "
-                 f"{jax.process_count()} process(es)")  # fmt: skip
+        loop.say(
+            f"devices: {mesh} of {jax.device_count()} {jax.devices()[0].platform} devices in "
+            f"{jax.process_count()} process(es)"
+        )
     if resumed:
         loop.say(f"resumed from {manager.path(resumed.step)} at iter {resumed.step}")
     state = loop.run(state, lambda state, it: step_fn(state, next(batches)), evaluate_when_due, not cfg.eval_only)

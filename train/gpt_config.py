@@ -63,8 +63,12 @@ class TrainConfig(RunSettings):
         "auto: a Python loop up to stack.AUTO_LOOP_DEPTH blocks without remat or fsdp (a faster step), else one "
         "lax.scan (compiles once); or always scan, or always loop",
     )
-    remat: str = setting("none", "recompute activations in the backward pass: 'none', 'block' or a "
-                         "jax.checkpoint_policies name (purejax/nn/remat.py)", check=remat_lib.check)  # fmt: skip
+    remat: str = setting(
+        "none",
+        "recompute activations in the backward pass: 'none', 'block' or a "
+        "jax.checkpoint_policies name (purejax/nn/remat.py)",
+        check=remat_lib.check,
+    )
     # mixture of experts (models/gpt_moe.py, docs/parallel-experts.md)
     n_experts: int = setting(0, "experts per block's MLP (0: a dense MLP; else >= 2)", at_least=0)
     expert_top_k: int = setting(2, "experts each token goes to (1 to n_experts)", applies=MOE, at_least=1)
@@ -85,8 +89,9 @@ class TrainConfig(RunSettings):
     beta2: float = setting(0.99, "AdamW's second-moment decay", at_least=0, below=1)
     grad_clip: float = setting(1.0, "clip the gradients to this global norm; 0 disables clipping", at_least=0)
     # the optimizer: AdamW, or Shampoo or Muon (docs/optim.md) with the same rate, betas, decay and schedule
-    optimizer: Literal["adamw", "shampoo", "muon"] = setting("adamw", "AdamW (nanoGPT's), Shampoo grafted onto "
-                                                             "Adam, or Muon on the blocks' matrices")  # fmt: skip
+    optimizer: Literal["adamw", "shampoo", "muon"] = setting(
+        "adamw", "AdamW (nanoGPT's), Shampoo grafted onto Adam, or Muon on the blocks' matrices"
+    )
     shampoo_block_size: int = setting(
         128, "Shampoo: the largest side of a preconditioned block", applies=SHAMPOO, at_least=1
     )
@@ -125,29 +130,43 @@ class TrainConfig(RunSettings):
     min_lr: float = setting(1e-4, "the learning rate at the end of the decay", at_least=0)
     # system
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = setting(
-        "auto", "compute dtype, params float32; auto: bfloat16 on a GPU or TPU, float32 on a CPU; float16 adds a "
-        "dynamic loss scale")  # fmt: skip
+        "auto",
+        "compute dtype, params float32; auto: bfloat16 on a GPU or TPU, float32 on a CPU; float16 adds a "
+        "dynamic loss scale",
+    )
     compile: bool = setting(True, "jit the step; false runs it op by op, for debugging")
     seed: int = setting(1337, "the seed of the init, the batches and dropout", at_least=0, below=2**32)
     peak_flops: float = setting(
         0.0, "FLOP/s that MFU is a fraction of; 0: a known accelerator's bfloat16 peak, else no MFU", at_least=0
     )
     progress: bool = setting(True, "a progress bar on a terminal with tqdm; else a line every log_interval")
-    max_bad_steps: int = setting(100, "stop after this many steps in a row with a non-finite loss or gradients "
-                                 "(0: never)", at_least=0)  # fmt: skip
+    max_bad_steps: int = setting(
+        100, "stop after this many steps in a row with a non-finite loss or gradients (0: never)", at_least=0
+    )
     # devices: pp stages of a dp x cp x tp mesh (pp * dp * cp * tp devices over all processes), optionally fully sharded
     dp: int = setting(1, "data-parallel groups (batch_size must divide by dp)", at_least=1)
     tp: int = setting(1, "tensor-parallel devices per group (n_head must divide by tp)", at_least=1)
-    cp: int = setting(1, "context-parallel devices per group: the sequence split over them, attention as a ring "
-                      "(block_size must divide by 2 * cp; no dropout)", at_least=1)  # fmt: skip
+    cp: int = setting(
+        1,
+        "context-parallel devices per group: the sequence split over them, attention as a ring "
+        "(block_size must divide by 2 * cp; no dropout)",
+        at_least=1,
+    )
     fsdp: bool = setting(False, "also split params and optimizer state over the dp groups")
-    ep: bool = setting(False, "expert parallelism: the experts split over the dp groups, tokens sent to them by "
-                       "all_to_all (n_experts must divide by dp)")  # fmt: skip
-    sp: bool = setting(False, "with tp > 1: Megatron sequence parallelism, LayerNorm and dropout on sequence "
-                       "shards over the tp devices (block_size must divide by tp)")  # fmt: skip
+    ep: bool = setting(
+        False,
+        "expert parallelism: the experts split over the dp groups, tokens sent to them by "
+        "all_to_all (n_experts must divide by dp)",
+    )
+    sp: bool = setting(
+        False,
+        "with tp > 1: Megatron sequence parallelism, LayerNorm and dropout on sequence "
+        "shards over the tp devices (block_size must divide by tp)",
+    )
     pp: int = setting(1, "pipeline stages: the blocks split over them in order (n_layer must divide by pp)", at_least=1)
-    micro_batches: int = setting(1, "with pp > 1: micro-batches each batch is pipelined in (batch_size / dp must "
-                                 "divide by it)", at_least=1)  # fmt: skip
+    micro_batches: int = setting(
+        1, "with pp > 1: micro-batches each batch is pipelined in (batch_size / dp must divide by it)", at_least=1
+    )
     pipeline_schedule: Literal["gpipe", "1f1b"] = setting(
         "1f1b",
         "all forwards, then all backwards (gpipe), or one of each in turn (1f1b, less memory)",
@@ -163,8 +182,10 @@ class TrainConfig(RunSettings):
         if self.decay_lr:
             config_lib.check_schedule(self)
         if self.optimizer != "adamw" and (self.tp > 1 or self.fsdp):
-            raise config_lib.ConfigError(f"optimizer={self.optimizer} preconditions whole matrices, but under --tp or "
-                                         "--fsdp a device updates slices of them: use --dp alone or adamw")  # fmt: skip
+            raise config_lib.ConfigError(
+                f"optimizer={self.optimizer} preconditions whole matrices, but under --tp or "
+                "--fsdp a device updates slices of them: use --dp alone or adamw"
+            )
         if self.cp > 1 and self.dropout > 0:
             raise config_lib.ConfigError(
                 f"--cp={self.cp} runs attention as a ring, which cannot drop attention probabilities, but "
@@ -186,12 +207,16 @@ class TrainConfig(RunSettings):
     def _check_experts(self) -> None:
         """--n_experts and --ep: the modes a mixture of experts runs under (models/gpt_moe.py)."""
         if self.ep and (self.n_experts == 0 or self.dp == 1 or self.n_experts % self.dp or self.optimizer != "adamw"):
-            raise config_lib.ConfigError(f"--ep splits the experts over the --dp groups: it needs n_experts > 0 "
-                                         f"divisible by dp and adamw, but n_experts={self.n_experts}, dp={self.dp}, "
-                                         f"optimizer={self.optimizer}")  # fmt: skip
+            raise config_lib.ConfigError(
+                f"--ep splits the experts over the --dp groups: it needs n_experts > 0 "
+                f"divisible by dp and adamw, but n_experts={self.n_experts}, dp={self.dp}, "
+                f"optimizer={self.optimizer}"
+            )
         if self.n_experts and (self.cp > 1 or self.sp or self.pp > 1):
-            raise config_lib.ConfigError(f"--n_experts={self.n_experts} (mixture of experts) runs with --dp, --tp, "
-                                         "--fsdp and --ep, not with --cp, --sp or --pp")  # fmt: skip
+            raise config_lib.ConfigError(
+                f"--n_experts={self.n_experts} (mixture of experts) runs with --dp, --tp, "
+                "--fsdp and --ep, not with --cp, --sp or --pp"
+            )
 
     def _check_pipeline(self) -> None:
         """--pp and --micro_batches: what a pipeline needs, and the modes it does not combine with."""
@@ -205,11 +230,14 @@ class TrainConfig(RunSettings):
         clash = [flag for flag, on in (("--fsdp", self.fsdp), (f"--cp={self.cp}", self.cp > 1)) if on]
         if clash or self.optimizer != "adamw":
             flags = ", ".join(clash or [f"--optimizer={self.optimizer}"])
-            raise config_lib.ConfigError(f"--pp={self.pp} (pipeline parallelism) does not combine with {flags}: "
-                                         "use --pp with --dp, --tp and adamw")  # fmt: skip
+            raise config_lib.ConfigError(
+                f"--pp={self.pp} (pipeline parallelism) does not combine with {flags}: "
+                "use --pp with --dp, --tp and adamw"
+            )
         if self.n_layer % self.pp:
-            raise config_lib.ConfigError(f"--pp={self.pp} stages of equal depth need n_layer={self.n_layer} to "
-                                         f"divide by {self.pp}")  # fmt: skip
+            raise config_lib.ConfigError(
+                f"--pp={self.pp} stages of equal depth need n_layer={self.n_layer} to divide by {self.pp}"
+            )
         if self.batch_size % self.dp or (self.batch_size // self.dp) % self.micro_batches:
             raise config_lib.ConfigError(
                 f"batch_size={self.batch_size} over --dp={self.dp} is {self.batch_size / self.dp:g} rows per data "
@@ -246,17 +274,33 @@ def make_optimizer(cfg: TrainConfig, data_axis: str | None = None) -> optim.Grad
     else:
         lr = cfg.learning_rate
     if cfg.optimizer == "shampoo":
-        return optim.shampoo(lr, cfg.shampoo_block_size, b1=cfg.beta1, b2=cfg.beta2, stacked=("blocks",),
-                             precondition_every=cfg.shampoo_precondition_every,
-                             start_preconditioning_step=cfg.shampoo_start, axis_name=data_axis,
-                             weight_decay=cfg.weight_decay,
-                             mask=decays)  # fmt: skip
+        return optim.shampoo(
+            lr,
+            cfg.shampoo_block_size,
+            b1=cfg.beta1,
+            b2=cfg.beta2,
+            stacked=("blocks",),
+            precondition_every=cfg.shampoo_precondition_every,
+            start_preconditioning_step=cfg.shampoo_start,
+            axis_name=data_axis,
+            weight_decay=cfg.weight_decay,
+            mask=decays,
+        )
     if cfg.optimizer == "muon":
         matrices = optim.matrix_leaves(stacked=("blocks",), exclude=("wte", "wpe"))
-        return optim.muon(lr, ns_steps=cfg.muon_ns_steps, beta=cfg.muon_momentum, weight_decay=cfg.weight_decay,
-                          weight_decay_mask=decays, adam_b1=cfg.beta1, adam_b2=cfg.beta2,
-                          adam_weight_decay=cfg.weight_decay, adam_weight_decay_mask=decays, matrices=matrices,
-                          consistent_rms=cfg.muon_rms)  # fmt: skip
+        return optim.muon(
+            lr,
+            ns_steps=cfg.muon_ns_steps,
+            beta=cfg.muon_momentum,
+            weight_decay=cfg.weight_decay,
+            weight_decay_mask=decays,
+            adam_b1=cfg.beta1,
+            adam_b2=cfg.beta2,
+            adam_weight_decay=cfg.weight_decay,
+            adam_weight_decay_mask=decays,
+            matrices=matrices,
+            consistent_rms=cfg.muon_rms,
+        )
     return optim.adamw(lr, b1=cfg.beta1, b2=cfg.beta2, weight_decay=cfg.weight_decay, mask=decays)
 
 
@@ -272,8 +316,10 @@ def new_state(cfg: TrainConfig, model: gpt.GPTConfig, params: dict | None = None
 def load_gpt2(cfg: TrainConfig) -> tuple[dict, gpt.GPTConfig]:
     """For --init_from=<dir>: GPT-2's params and config from a Hugging Face directory, cropped to block_size."""
     if not (Path(cfg.init_from) / "config.json").exists():
-        raise SystemExit(f"error: --init_from={cfg.init_from!r} is not 'scratch', 'resume' or a Hugging Face "
-                         f"GPT-2 directory (no config.json there)")  # fmt: skip
+        raise SystemExit(
+            f"error: --init_from={cfg.init_from!r} is not 'scratch', 'resume' or a Hugging Face "
+            f"GPT-2 directory (no config.json there)"
+        )
     from models import gpt_hf
 
     params, model = gpt_hf.load(Path(cfg.init_from))

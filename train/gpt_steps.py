@@ -71,11 +71,16 @@ def compile_step(cfg: TrainConfig, model: gpt.GPTConfig, devices: Devices, state
     alone (a mixture of experts' load-balancing term is in the training loss, not in train_loss/val_loss)."""
     policy, table = Policy(jnp.float32, cfg.dtype, jnp.float32), schedule(cfg)
     optimizer = make_optimizer(cfg, devices.axes.data)  # the data axis: Shampoo shares its roots over it
-    step_kwargs = dict(loss_fn=make_loss_fn(model, policy, devices.axes, table), optimizer=optimizer,
-                       max_grad_norm=cfg.grad_clip or None, micro_batches=cfg.gradient_accumulation_steps)  # fmt: skip
+    step_kwargs = dict(
+        loss_fn=make_loss_fn(model, policy, devices.axes, table),
+        optimizer=optimizer,
+        max_grad_norm=cfg.grad_clip or None,
+        micro_batches=cfg.gradient_accumulation_steps,
+    )
     if not cfg.compile and devices.sharded:
-        raise SystemExit("error: --compile=False (op by op, for debugging) runs on one device; drop --dp/--tp/--fsdp/"
-                         "--cp/--pp")  # fmt: skip
+        raise SystemExit(
+            "error: --compile=False (op by op, for debugging) runs on one device; drop --dp/--tp/--fsdp/--cp/--pp"
+        )
     if cfg.compile:
         step_fn = devices.train_step(state_specs, **step_kwargs)
     else:

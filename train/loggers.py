@@ -25,8 +25,10 @@ def require(module: str, setting: str, package: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise SystemExit(f"error: --{setting}=true needs the {package} package, which is not installed: "
-                         f"pip install {package} (or leave --{setting} off)") from None  # fmt: skip
+        raise SystemExit(
+            f"error: --{setting}=true needs the {package} package, which is not installed: "
+            f"pip install {package} (or leave --{setting} off)"
+        ) from None
 
 
 def scalars(row: dict[str, Any]) -> dict[str, float]:
@@ -49,8 +51,9 @@ class TensorBoard:
 
     def write(self, row: dict[str, Any]) -> None:
         values = [self._summary.Value(tag=k, simple_value=v) for k, v in scalars(row).items()]
-        self._writer.add_event(self._event(wall_time=time.time(), step=int(row["iter"]),
-                                           summary=self._summary(value=values)))  # fmt: skip
+        self._writer.add_event(
+            self._event(wall_time=time.time(), step=int(row["iter"]), summary=self._summary(value=values))
+        )
         self._writer.flush()
 
     def close(self) -> None:

@@ -100,8 +100,11 @@ class Observer:
         if main and settings.tensorboard:
             self.loggers.append(loggers.TensorBoard(self.out_dir / "tensorboard"))
         if main and settings.wandb_log:
-            self.loggers.append(loggers.WandB(project=settings.wandb_project, name=settings.wandb_run_name,
-                                              config=config, directory=self.out_dir))  # fmt: skip
+            self.loggers.append(
+                loggers.WandB(
+                    project=settings.wandb_project, name=settings.wandb_run_name, config=config, directory=self.out_dir
+                )
+            )
         self.cache = compile_cache.enable(settings.compile_cache)
         self._counter = compile_cache.Counter()
         return self

@@ -131,9 +131,12 @@ class Devices:
         if not self.sharded:
             return jax.jit(lambda params, x, y: loss(params, (x, y), axes))
         fn = jax.shard_map(
-            lambda params, x, y: loss(params, (x, y), axes), mesh=self.mesh,
-            in_specs=(param_specs, self.batch_spec, self.batch_spec), out_specs=P(), check_vma=True,
-        )  # fmt: skip
+            lambda params, x, y: loss(params, (x, y), axes),
+            mesh=self.mesh,
+            in_specs=(param_specs, self.batch_spec, self.batch_spec),
+            out_specs=P(),
+            check_vma=True,
+        )
         return jax.jit(fn)
 
     def local_rows(self, global_batch_size: int) -> range | None:
@@ -202,10 +205,21 @@ def start_devices(cfg: Any) -> Devices:
     (`dp`, `tp`, `cp`, `fsdp`, `coordinator`, `num_processes`, `process_id`); before any other JAX call."""
     num_processes = cfg.num_processes or distributed.launched_process_count()  # also srun's or mpirun's count
     try:
-        devices = Devices(dp=cfg.dp, tp=cfg.tp, fsdp=cfg.fsdp, num_processes=num_processes, cp=cfg.cp, pp=cfg.pp,
-                          sp=cfg.sp, ep=getattr(cfg, "ep", False))  # fmt: skip
-        devices.start(coordinator_address=cfg.coordinator or None, num_processes=cfg.num_processes or None,
-                      process_id=None if cfg.process_id < 0 else cfg.process_id)  # fmt: skip
+        devices = Devices(
+            dp=cfg.dp,
+            tp=cfg.tp,
+            fsdp=cfg.fsdp,
+            num_processes=num_processes,
+            cp=cfg.cp,
+            pp=cfg.pp,
+            sp=cfg.sp,
+            ep=getattr(cfg, "ep", False),
+        )
+        devices.start(
+            coordinator_address=cfg.coordinator or None,
+            num_processes=cfg.num_processes or None,
+            process_id=None if cfg.process_id < 0 else cfg.process_id,
+        )
         if jax.process_count() != num_processes:  # a Cloud TPU pod's runtime joins its workers by itself
             devices = dataclasses.replace(devices, num_processes=jax.process_count())
         if devices.sharded:

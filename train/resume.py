@@ -38,8 +38,10 @@ def saved_config(manager: checkpoint.CheckpointManager, program: str, parts: Ite
     missing = [p for p in parts if not (isinstance(config, dict) and isinstance(config.get(p), dict))]
     if missing:
         held = sorted(config) if isinstance(config, dict) else type(config).__name__
-        raise SystemExit(f"error: cannot resume from {path}: its config ({held}) lacks the {missing} settings that "
-                         f"{program} writes; resume a {program} out_dir, or start a new run")  # fmt: skip
+        raise SystemExit(
+            f"error: cannot resume from {path}: its config ({held}) lacks the {missing} settings that "
+            f"{program} writes; resume a {program} out_dir, or start a new run"
+        )
     if config.get("program", program) != program:
         raise SystemExit(f"error: cannot resume from {path}: it was written by {config['program']}, not {program}")
     return config
@@ -54,8 +56,11 @@ def settings(cfg: Any, given: Iterable[str], saved: dict[str, Any], fixed: Itera
     the compile cache, a profile, the loggers) is this launch's, never the checkpoint's."""
     names = {f.name for f in dataclasses.fields(cfg)}
     given = {*given, *(f.name for f in dataclasses.fields(RunSettings))} & names
-    conflicts = [f"{k}: checkpoint has {saved[k]!r}, override says {getattr(cfg, k)!r}"
-                 for k in fixed if k in given and k in saved and saved[k] != getattr(cfg, k)]  # fmt: skip
+    conflicts = [
+        f"{k}: checkpoint has {saved[k]!r}, override says {getattr(cfg, k)!r}"
+        for k in fixed
+        if k in given and k in saved and saved[k] != getattr(cfg, k)
+    ]
     if conflicts:
         listed = "\n  ".join(conflicts)
         raise SystemExit(f"error: the overrides conflict with the checkpoint being resumed:\n  {listed}")
@@ -100,9 +105,11 @@ def check_data(saved: dict | None, current: dict, what: str, say: Callable[[str]
         if saved is not None:
             say(f"warning: the checkpoint records no fingerprint of its data, so {what} is not checked")
         return
-    differences = [f"{k}: the checkpoint was trained on {_describe(recorded.get(k))}, {what} has "
-                   f"{_describe(current.get(k))}" for k in sorted(recorded.keys() | current.keys())
-                   if recorded.get(k) != current.get(k)]  # fmt: skip
+    differences = [
+        f"{k}: the checkpoint was trained on {_describe(recorded.get(k))}, {what} has {_describe(current.get(k))}"
+        for k in sorted(recorded.keys() | current.keys())
+        if recorded.get(k) != current.get(k)
+    ]
     if differences:
         raise SystemExit(
             f"error: {what} is not the data the checkpoint was trained on:\n  "

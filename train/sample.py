@@ -35,8 +35,9 @@ class SampleConfig:
     max_new_tokens: int = setting(300, "tokens generated per sample", at_least=0)
     temperature: float = setting(0.8, "divides the logits; 0 takes the most likely token", at_least=0)
     top_k: int | None = setting(None, "sample among the k most likely tokens (none: all)", at_least=1)
-    top_p: float | None = setting(None, "sample among the most likely tokens holding this probability (none: all)",
-                                  above=0, at_most=1)  # fmt: skip
+    top_p: float | None = setting(
+        None, "sample among the most likely tokens holding this probability (none: all)", above=0, at_most=1
+    )
     seed: int = setting(1337, "the seed of the sampling", at_least=0, below=2**32)
     step: int | None = setting(None, "the checkpoint's step (none: the newest readable one)", at_least=0)
 
@@ -50,8 +51,9 @@ def load_model(out_dir: str | Path, step: int | None = None) -> tuple[dict, gpt.
     manager = checkpoint.CheckpointManager(out_dir, keep_last=None)
     steps = manager.steps()
     if not steps:
-        raise SystemExit(f"error: no checkpoint in {str(out_dir)!r}; train one with "
-                         f"`python -m train.gpt --out_dir={out_dir}`")  # fmt: skip
+        raise SystemExit(
+            f"error: no checkpoint in {str(out_dir)!r}; train one with `python -m train.gpt --out_dir={out_dir}`"
+        )
     if step is not None and step not in steps:
         raise SystemExit(f"error: no checkpoint for step {step} in {str(out_dir)!r}; its steps are {steps}")
     try:
@@ -59,14 +61,17 @@ def load_model(out_dir: str | Path, step: int | None = None) -> tuple[dict, gpt.
     except checkpoint.CheckpointError as e:
         raise SystemExit(f"error: {e}") from None
     except KeyError:
-        raise SystemExit(f"error: {manager.path(steps[-1] if step is None else step)} holds no 'params': not a "
-                         "train.gpt checkpoint") from None  # fmt: skip
+        raise SystemExit(
+            f"error: {manager.path(steps[-1] if step is None else step)} holds no 'params': not a train.gpt checkpoint"
+        ) from None
     model = info.config.get("model") if isinstance(info.config, dict) else None
     try:
         config = gpt.GPTConfig(**model)
     except (TypeError, ValueError) as e:
-        raise SystemExit(f"error: {info.path} has no GPT config (its config['model'] is {model!r}: {e}); "
-                         "is it a train.gpt checkpoint?") from None  # fmt: skip
+        raise SystemExit(
+            f"error: {info.path} has no GPT config (its config['model'] is {model!r}: {e}); "
+            "is it a train.gpt checkpoint?"
+        ) from None
     return jax.tree.map(jnp.asarray, params), config, info.step
 
 
@@ -107,8 +112,10 @@ def main(argv: list[str] | None = None) -> list[str]:
         raise SystemExit(f"error: {e}") from None
     seconds = time.perf_counter() - start
     texts = [tokenizer.decode(row) for row in out]
-    print(f"checkpoint {step}; {cfg.num_samples} x {cfg.max_new_tokens} tokens in {seconds:.1f} s (compile included)",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"checkpoint {step}; {cfg.num_samples} x {cfg.max_new_tokens} tokens in {seconds:.1f} s (compile included)",
+        file=sys.stderr,
+    )
     for text in texts:
         print(text)
         print("-" * 40)

@@ -36,8 +36,9 @@ def frechet_distance(a: Float[np.ndarray, " n_a *shape"], b: Float[np.ndarray, "
     a = np.asarray(a, np.float64).reshape(len(a), -1)
     b = np.asarray(b, np.float64).reshape(len(b), -1)
     if a.shape[1] != b.shape[1] or len(a) < 2 or len(b) < 2:
-        raise ValueError(f"frechet_distance: need two sets of at least 2 images of one size, got {a.shape} and "
-                         f"{b.shape}")  # fmt: skip
+        raise ValueError(
+            f"frechet_distance: need two sets of at least 2 images of one size, got {a.shape} and {b.shape}"
+        )
     return frechet_distance_gaussians(a.mean(0), np.cov(a, rowvar=False), b.mean(0), np.cov(b, rowvar=False))
 
 
@@ -62,8 +63,10 @@ def evaluate(sample, data, per_class: int, guidances: tuple[float, ...]) -> dict
     classifier's accuracy on the real test images and `fd_floor`, real train against real test."""
     classifier = fit_classifier(data.train_images, data.train_labels)
     labels = np.repeat(np.arange(data.num_classes), per_class)
-    out = {"classifier_test_accuracy": class_accuracy(classifier, data.test_images, data.test_labels),
-           "fd_floor": frechet_distance(data.train_images, data.test_images)}  # fmt: skip
+    out = {
+        "classifier_test_accuracy": class_accuracy(classifier, data.test_images, data.test_labels),
+        "fd_floor": frechet_distance(data.train_images, data.test_images),
+    }
     for g in guidances:
         images = np.asarray(sample(labels, g))
         out[f"accuracy_g{g:g}"] = class_accuracy(classifier, images, labels)

@@ -55,11 +55,24 @@ MAX_DEPTH = 100
 _DTYPE_NAMES = (
     "bool",
     *(f"{s}int{b}" for s in ("", "u") for b in (1, 2, 4, 8, 16, 32, 64)),
-    "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
-    "float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn",
-    "float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float8_e4m3fn", "float8_e4m3fnuz",
-    "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
-)  # fmt: skip
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+    "float4_e2m1fn",
+    "float6_e2m3fn",
+    "float6_e3m2fn",
+    "float8_e3m4",
+    "float8_e4m3",
+    "float8_e4m3b11fnuz",
+    "float8_e4m3fn",
+    "float8_e4m3fnuz",
+    "float8_e5m2",
+    "float8_e5m2fnuz",
+    "float8_e8m0fnu",
+)
 DTYPES: dict[str, np.dtype] = {
     name: np.dtype(getattr(ml_dtypes, name, name))
     for name in _DTYPE_NAMES
@@ -67,8 +80,18 @@ DTYPES: dict[str, np.dtype] = {
 }
 # The dtypes that use only the low bits of their byte: a reader refuses a byte with any higher bit set (a bool
 # of 2, an int4 of 0xf7), which numpy and ml_dtypes would otherwise read as some value or other.
-_VALUE_BITS = {"bool": 1, "int1": 1, "uint1": 1, "int2": 2, "uint2": 2, "int4": 4, "uint4": 4, "float4_e2m1fn": 4,
-               "float6_e2m3fn": 6, "float6_e3m2fn": 6}  # fmt: skip
+_VALUE_BITS = {
+    "bool": 1,
+    "int1": 1,
+    "uint1": 1,
+    "int2": 2,
+    "uint2": 2,
+    "int4": 4,
+    "uint4": 4,
+    "float4_e2m1fn": 4,
+    "float6_e2m3fn": 6,
+    "float6_e3m2fn": 6,
+}
 VALUE_BITS: dict[str, int] = {name: bits for name, bits in _VALUE_BITS.items() if name in DTYPES}
 
 

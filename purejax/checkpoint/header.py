@@ -37,9 +37,16 @@ _LEAF_BYTES = 400
 
 
 def header_dict(
-    *, purejax_version: str, created: str, step: int | None, config: Any, metadata: dict[str, Any],
-    chunk_bytes: int, tree: dict[str, Any], leaves: list[dict[str, Any]],
-) -> dict[str, Any]:  # fmt: skip
+    *,
+    purejax_version: str,
+    created: str,
+    step: int | None,
+    config: Any,
+    metadata: dict[str, Any],
+    chunk_bytes: int,
+    tree: dict[str, Any],
+    leaves: list[dict[str, Any]],
+) -> dict[str, Any]:
     """The header map in the key order the specification lists. Each entry of `leaves` is a map with
     "path", "dtype", "shape", "nbytes", "crc32" (4 bytes per record, little-endian uint32) and "key_impl"."""
     return {

@@ -65,9 +65,12 @@ def encode(tree: PyTree) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
             if len(fields) > MAX_FIELDS:
                 raise ValueError(f"{where} is a NamedTuple of {len(fields)} fields, more than the {MAX_FIELDS} allowed")
             return {
-                "kind": "namedtuple", "name": type(x).__name__, "module": type(x).__module__, "fields": fields,
+                "kind": "namedtuple",
+                "name": type(x).__name__,
+                "module": type(x).__module__,
+                "fields": fields,
                 "children": [walk(getattr(x, f), (*path, f)) for f in fields],
-            }  # fmt: skip
+            }
         if type(x) in (list, tuple):
             children = [walk(c, (*path, str(i))) for i, c in enumerate(x)]
             return {"kind": type(x).__name__, "children": children}

@@ -230,9 +230,13 @@ def _manifest_entry(name: str, x: Any, key_impl: str | None, chunk_bytes: int) -
         raise TypeError(f"leaf {name!r}: {e}") from None
     nbytes = int(np.prod(x.shape, dtype=np.int64)) * fmt.DTYPES[dtype].itemsize
     return {
-        "path": name, "dtype": dtype, "shape": [int(d) for d in x.shape], "nbytes": nbytes,
-        "crc32": bytes(4 * fmt.n_records(nbytes, chunk_bytes)), "key_impl": key_impl,
-    }  # fmt: skip
+        "path": name,
+        "dtype": dtype,
+        "shape": [int(d) for d in x.shape],
+        "nbytes": nbytes,
+        "crc32": bytes(4 * fmt.n_records(nbytes, chunk_bytes)),
+        "key_impl": key_impl,
+    }
 
 
 def _to_host(x: Any) -> np.ndarray:

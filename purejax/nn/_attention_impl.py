@@ -69,8 +69,10 @@ def cudnn_refusal(backend: Backend, dtype: Any, head_dim: int, *, masked: bool) 
     if capability < (8, 0):
         return f"compute capability {backend.compute_capability}: cuDNN's flash attention needs 8.0 (Ampere) or newer"
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-        return (f"{jnp.dtype(dtype).name} inputs: cuDNN's flash attention takes bfloat16 or float16 "
-                "(train with --dtype=bfloat16, or --dtype=auto on a GPU)")  # fmt: skip
+        return (
+            f"{jnp.dtype(dtype).name} inputs: cuDNN's flash attention takes bfloat16 or float16 "
+            "(train with --dtype=bfloat16, or --dtype=auto on a GPU)"
+        )
     largest = 256 if capability >= (9, 0) else 128  # Hopper and newer take the larger heads
     if head_dim % 8 or head_dim > largest:
         return f"head_dim {head_dim}: cuDNN's flash attention needs a multiple of 8, at most {largest} on this GPU"

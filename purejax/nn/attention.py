@@ -186,9 +186,15 @@ def qkv_heads(
 
 
 def combine_masks(
-    mask: Array | None, config: AttentionConfig, n_head: int, q_pos: Int[Array, " seq"], kv_pos: Int[Array, " kv_len"],
-    *, batch: int, written: Bool[Array, " kv_len"] | None = None,
-) -> Array | None:  # fmt: skip
+    mask: Array | None,
+    config: AttentionConfig,
+    n_head: int,
+    q_pos: Int[Array, " seq"],
+    kv_pos: Int[Array, " kv_len"],
+    *,
+    batch: int,
+    written: Bool[Array, " kv_len"] | None = None,
+) -> Array | None:
     """One boolean (batch|1, n_head|1, seq, kv_len) mask, True where a query at absolute position q_pos may
     attend to the key at kv_pos: the user's `mask`, the causal mask (if `config.causal`), and `written` (a
     cache's filled positions). None when nothing is masked."""
@@ -207,11 +213,16 @@ def combine_masks(
 
 
 def attend(
-    q: Float[Array, "batch seq n_head head_dim"], k: Float[Array, "batch kv_seq n_kv_head head_dim"],
-    v: Float[Array, "batch kv_seq n_kv_head head_dim"], mask: Bool[Array, "#batch #n_head seq kv_seq"] | None,
-    config: AttentionConfig, *, key: PRNGKeyArray | None = None, axis_name: str | None = None,
+    q: Float[Array, "batch seq n_head head_dim"],
+    k: Float[Array, "batch kv_seq n_kv_head head_dim"],
+    v: Float[Array, "batch kv_seq n_kv_head head_dim"],
+    mask: Bool[Array, "#batch #n_head seq kv_seq"] | None,
+    config: AttentionConfig,
+    *,
+    key: PRNGKeyArray | None = None,
+    axis_name: str | None = None,
     is_causal: bool = False,
-) -> Float[Array, "batch seq n_head head_dim"]:  # fmt: skip
+) -> Float[Array, "batch seq n_head head_dim"]:
     """softmax(q k^T / sqrt(head_dim), masked) v in the formulation `config.impl` picks (module docstring); with
     `key` (and `config.dropout > 0`) the probabilities are dropped. `is_causal`: `mask` is just self-attention's
     causal mask (q and k at the same positions), which cuDNN then computes itself."""

@@ -97,8 +97,12 @@ def cached_attention(
 
     cache = {name: write(cache[name], new) for name, new in (("k", k), ("v", v))}
     q = q.reshape(batch, seq, n_kv_head, group, head_dim).transpose(0, 2, 3, 1, 4)  # (b, kv, g, seq, d): small
-    logits = jnp.einsum("nqd,nsd->nqs", q.reshape(batch * n_kv_head, group * seq, head_dim), cache["k"],
-                        preferred_element_type=jnp.float32).reshape(batch, n_kv_head, group, seq, max_len)  # fmt: skip
+    logits = jnp.einsum(
+        "nqd,nsd->nqs",
+        q.reshape(batch * n_kv_head, group * seq, head_dim),
+        cache["k"],
+        preferred_element_type=jnp.float32,
+    ).reshape(batch, n_kv_head, group, seq, max_len)
     allowed = _allowed(index, seq, max_len, causal, mask, n_head, group)
     probs = jax.nn.softmax(jnp.where(allowed, logits * (1.0 / head_dim**0.5), attention._MASKED), axis=-1)
     probs = probs.reshape(batch * n_kv_head, group * seq, max_len).astype(cache["v"].dtype)
@@ -133,7 +137,8 @@ def _check_cache(cache: Any, config: AttentionConfig, batch: int, seq: int) -> N
             )
     index = cache["index"]
     if index.shape != (batch,) or not jnp.issubdtype(index.dtype, jnp.integer):
-        raise ValueError(f"attention: cache['index'] must be {batch} integers, one per row, got {index.dtype} "
-                         f"{tuple(index.shape)}")  # fmt: skip
+        raise ValueError(
+            f"attention: cache['index'] must be {batch} integers, one per row, got {index.dtype} {tuple(index.shape)}"
+        )
     if seq > max_len:
         raise ValueError(f"attention: x has seq={seq} tokens, more than the cache's max_len={max_len}")

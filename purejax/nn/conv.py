@@ -110,9 +110,14 @@ def apply(
         y = _depthwise_shifts(x4, w, stride, pads, dilation, out_hw)
     else:
         y = jax.lax.conv_general_dilated(
-            x4, w, stride, pads, rhs_dilation=dilation, feature_group_count=groups,
+            x4,
+            w,
+            stride,
+            pads,
+            rhs_dilation=dilation,
+            feature_group_count=groups,
             dimension_numbers=("NHWC", "HWIO", "NHWC"),
-        )  # fmt: skip
+        )
     y = y.reshape((*batch_shape, *y.shape[1:]))
     if "b" in params:
         y = y + params["b"].astype(dtype)

@@ -158,8 +158,10 @@ def apply(
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= n_experts:
         raise ValueError(f"moe: top_k must be an int in [1, n_experts={n_experts}], got {top_k!r}")
     if expert_axis is not None and expert_axis not in token_axes:
-        raise ValueError(f"moe: expert_axis {expert_axis!r} must be one of the token axes {token_axes}: each "
-                         f"device routes its own tokens to the experts of the others")  # fmt: skip
+        raise ValueError(
+            f"moe: expert_axis {expert_axis!r} must be one of the token axes {token_axes}: each "
+            f"device routes its own tokens to the experts of the others"
+        )
     tokens = x.reshape(-1, x.shape[-1])
     slots_per_expert = capacity(tokens.shape[0], n_experts, top_k, capacity_factor)
     routing, stats = route(params["router"], tokens, top_k=top_k, capacity=slots_per_expert, token_axes=token_axes)
@@ -181,13 +183,17 @@ def to_experts(
     With `experts` (this device's stacked expert params) checks that they are E / n of E."""
     n, n_experts = jax.lax.axis_size(axis_name), slots.shape[0]
     if n_experts % n:
-        raise ValueError(f"expert parallelism: {n_experts} experts cannot be split over the {n} devices of axis "
-                         f"{axis_name!r}; pick n_experts divisible by {n}")  # fmt: skip
+        raise ValueError(
+            f"expert parallelism: {n_experts} experts cannot be split over the {n} devices of axis "
+            f"{axis_name!r}; pick n_experts divisible by {n}"
+        )
     held = {leaf.shape[0] for leaf in jax.tree.leaves(experts)}
     if experts is not None and held != {n_experts // n}:
-        raise ValueError(f"expert parallelism: this device holds {sorted(held)} experts, but {n_experts} split over "
-                         f"the {n} devices of {axis_name!r} are {n_experts // n} each; were the params placed "
-                         f"with the experts' leading axis split over {axis_name!r}?")  # fmt: skip
+        raise ValueError(
+            f"expert parallelism: this device holds {sorted(held)} experts, but {n_experts} split over "
+            f"the {n} devices of {axis_name!r} are {n_experts // n} each; were the params placed "
+            f"with the experts' leading axis split over {axis_name!r}?"
+        )
     return jax.lax.all_to_all(slots, axis_name, split_axis=0, concat_axis=1, tiled=True)
 
 

@@ -20,16 +20,24 @@ import jax
 
 # The names in jax.checkpoint_policies that are policies themselves; the others there are factories that need
 # arguments (names given with jax.ad_checkpoint.checkpoint_name, offload targets), which a setting cannot hold.
-POLICIES = ("everything_saveable", "nothing_saveable", "dots_saveable", "checkpoint_dots",
-            "dots_with_no_batch_dims_saveable", "checkpoint_dots_with_no_batch_dims")  # fmt: skip
+POLICIES = (
+    "everything_saveable",
+    "nothing_saveable",
+    "dots_saveable",
+    "checkpoint_dots",
+    "dots_with_no_batch_dims_saveable",
+    "checkpoint_dots_with_no_batch_dims",
+)
 CHOICES = ("none", "block", *POLICIES)
 
 
 def check(remat: str) -> str:
     """`remat` if it names a choice (`CHOICES`), else a ValueError listing them."""
     if remat not in CHOICES:
-        raise ValueError(f"remat={remat!r} is not 'none', 'block' or one of jax.checkpoint_policies' policies; "
-                         f"choose one of {list(CHOICES)}")  # fmt: skip
+        raise ValueError(
+            f"remat={remat!r} is not 'none', 'block' or one of jax.checkpoint_policies' policies; "
+            f"choose one of {list(CHOICES)}"
+        )
     return remat
 
 

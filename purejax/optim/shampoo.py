@@ -94,8 +94,10 @@ def block_layout(
     slice is not made of whole blocks of the whole matrix."""
     layers = sum(name == p or name.startswith(p + ".") for p in stacked)
     if len(shape) < layers:
-        raise ValueError(f"scale_by_shampoo(stacked={tuple(stacked)}): {name} has shape {tuple(shape)}, so it has "
-                         f"no leading layer axis: is it really under a stacked subtree?")  # fmt: skip
+        raise ValueError(
+            f"scale_by_shampoo(stacked={tuple(stacked)}): {name} has shape {tuple(shape)}, so it has "
+            f"no leading layer axis: is it really under a stacked subtree?"
+        )
     entries = [(e,) if isinstance(e, str) else tuple(e or ()) for e in (*spec, *[None] * (len(shape) - len(spec)))]
     splits = [math.prod(jax.lax.axis_size(a) for a in axes) for axes in entries]
     full = [n * k for n, k in zip(shape, splits)]
@@ -256,9 +258,13 @@ def _graft(layout: BlockLayout | None, roots: tuple, momentum: Array, graft: Arr
 
 
 def _check_settings(block_size: int, every: int, start: int, graft: str, root: int, max_dim: int) -> None:
-    for name, value, least in [("block_size", block_size, 1), ("precondition_every", every, 1),
-                               ("start_preconditioning_step", start, 0), ("inverse_root", root, 1),
-                               ("max_dim", max_dim, 1)]:  # fmt: skip
+    for name, value, least in [
+        ("block_size", block_size, 1),
+        ("precondition_every", every, 1),
+        ("start_preconditioning_step", start, 0),
+        ("inverse_root", root, 1),
+        ("max_dim", max_dim, 1),
+    ]:
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise ValueError(f"scale_by_shampoo: {name} must be an int of at least {least}, got {value!r}")
     if graft not in ("adam", "sgd"):
@@ -290,9 +296,20 @@ def shampoo(
     State paths: `shampoo.count`, `shampoo.mu.*`, `shampoo.nu.*`, `shampoo.stats.left|right.<param>`,
     `shampoo.preconditioners.left|right.<param>`, `lr.*` (the decay keeps none)."""
     preconditioner = scale_by_shampoo(
-        block_size, b1=b1, b2=b2, eps=eps, stats_decay=stats_decay, matrix_eps=matrix_eps,
-        precondition_every=precondition_every, start_preconditioning_step=start_preconditioning_step, graft=graft,
-        inverse_root=inverse_root, max_dim=max_dim, stacked=stacked, axis_name=axis_name, param_specs=param_specs,
-    )  # fmt: skip
+        block_size,
+        b1=b1,
+        b2=b2,
+        eps=eps,
+        stats_decay=stats_decay,
+        matrix_eps=matrix_eps,
+        precondition_every=precondition_every,
+        start_preconditioning_step=start_preconditioning_step,
+        graft=graft,
+        inverse_root=inverse_root,
+        max_dim=max_dim,
+        stacked=stacked,
+        axis_name=axis_name,
+        param_specs=param_specs,
+    )
     decay = add_decayed_weights(weight_decay, mask)
     return chain(shampoo=preconditioner, weight_decay=decay, lr=scale_by_learning_rate(learning_rate))

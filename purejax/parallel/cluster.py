@@ -57,8 +57,10 @@ def _int(environ: Mapping[str, str], name: str) -> int:
     try:
         return int(environ[name])
     except ValueError:
-        raise ValueError(f"${name} is {environ[name]!r}, which is not an int; is this process really started by "
-                         "a launcher, or is the variable left over in the environment?") from None  # fmt: skip
+        raise ValueError(
+            f"${name} is {environ[name]!r}, which is not an int; is this process really started by "
+            "a launcher, or is the variable left over in the environment?"
+        ) from None
 
 
 # ---------------------------------------------------------------- dying with purejax.parallel.launch

@@ -250,8 +250,14 @@ def _explained(error: Exception, settings: Mapping[str, Any], launch: cluster.La
         who, count = (launch.process_id if who is None else who), (launch.num_processes if count is None else count)
     how = f" started by {launch.launcher}" if launch else ""
     first = "must be called before" in str(error)
-    hint = (" Call purejax.parallel.initialize() first in your program, before anything (including code run at "
-            "import time) creates an array or asks for devices.") if first else ""  # fmt: skip
+    hint = (
+        (
+            " Call purejax.parallel.initialize() first in your program, before anything (including code run at "
+            "import time) creates an array or asks for devices."
+        )
+        if first
+        else ""
+    )
     message = f"initialize(process {who} of {count}{how}, coordinator {settings['coordinator_address']}): {error}{hint}"
     return (ValueError if isinstance(error, ValueError) else RuntimeError)(message)
 

@@ -99,10 +99,16 @@ def launch(
     try:
         for i in range(num_processes):
             proc = subprocess.Popen(
-                [sys.executable, *args], env={**base, distributed.ENV_PROCESS_ID: str(i)}, cwd=cwd,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", pass_fds=(watched,),
+                [sys.executable, *args],
+                env={**base, distributed.ENV_PROCESS_ID: str(i)},
+                cwd=cwd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+                pass_fds=(watched,),
                 start_new_session=True,  # its own process group, so that killing it kills its children too
-            )  # fmt: skip
+            )
             procs.append(proc)
             outputs.append([])
             prefix = f"[{i}] " if echo else None
@@ -146,17 +152,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--num_processes", type=int, required=True, help="processes to start")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before every process is killed")
     parser.add_argument("--devices_per_process", type=int, default=None, help="simulated CPU devices each")
-    parser.add_argument("--failure_grace", type=float, default=30.0,
-                        help="once a process has failed, seconds the others get before they are killed")  # fmt: skip
+    parser.add_argument(
+        "--failure_grace",
+        type=float,
+        default=30.0,
+        help="once a process has failed, seconds the others get before they are killed",
+    )
     parser.add_argument("args", nargs=argparse.REMAINDER, help="after --: what follows `python`")
     options = parser.parse_args(argv)
     args = options.args[1:] if options.args[:1] == ["--"] else options.args
     if not args:
         parser.error("give the program after --, e.g. -- -m my_project.train or -- script.py")
     results = launch(
-        args, options.num_processes, timeout=options.timeout, devices_per_process=options.devices_per_process,
-        echo=True, forward_signals=True, failure_grace=options.failure_grace,
-    )  # fmt: skip
+        args,
+        options.num_processes,
+        timeout=options.timeout,
+        devices_per_process=options.devices_per_process,
+        echo=True,
+        forward_signals=True,
+        failure_grace=options.failure_grace,
+    )
     for r in results:
         status = f"killed after the {options.timeout:g} s timeout" if r.timed_out else f"exit status {r.returncode}"
         print(f"[launch] process {r.process_id}: {status}", file=sys.stderr)

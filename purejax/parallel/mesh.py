@@ -95,11 +95,15 @@ class MeshAxes:
 
     def __post_init__(self):
         if self.ep and self.data is None:
-            raise ValueError("MeshAxes: ep=True splits the experts over the data axis, so it needs data=<axis name> "
-                             "(a mesh with dp >= 2)")  # fmt: skip
+            raise ValueError(
+                "MeshAxes: ep=True splits the experts over the data axis, so it needs data=<axis name> "
+                "(a mesh with dp >= 2)"
+            )
         if self.sequence_parallel and (self.model is None or self.context is not None):
-            raise ValueError("MeshAxes: sequence_parallel=True splits the sequence over the tensor-parallel axis, "
-                             f"so it needs model=<axis name> and no context axis, got {self}")  # fmt: skip
+            raise ValueError(
+                "MeshAxes: sequence_parallel=True splits the sequence over the tensor-parallel axis, "
+                f"so it needs model=<axis name> and no context axis, got {self}"
+            )
         if self.fsdp and self.data is None:
             raise ValueError("MeshAxes: fsdp=True splits params over the data axis, so it needs data=<axis name>")
         named = [axis for axis in (self.data, self.model, self.context, self.pipe) if axis is not None]
@@ -116,12 +120,16 @@ class MeshAxes:
             raise ValueError(f"MeshAxes.of: the mesh has axes {tuple(sizes)}, not {missing}; build it with make_mesh")
         data = DATA if sizes[DATA] > 1 else None
         if fsdp and data is None:
-            raise ValueError(f"MeshAxes.of: fsdp shards params over the data axis, which has 1 device on this "
-                             f"mesh {sizes}; use a mesh with dp >= 2 or fsdp=False")  # fmt: skip
+            raise ValueError(
+                f"MeshAxes.of: fsdp shards params over the data axis, which has 1 device on this "
+                f"mesh {sizes}; use a mesh with dp >= 2 or fsdp=False"
+            )
         context = CONTEXT if sizes.get(CONTEXT, 1) > 1 else None
         pipe = PIPE if sizes.get(PIPE, 1) > 1 else None
         if sp and sizes[MODEL] == 1:
-            raise ValueError(f"MeshAxes.of: sequence parallelism (sp) splits the sequence over the model axis, which "
-                             f"has 1 device on this mesh {sizes}; use a mesh with tp >= 2 or sp=False")  # fmt: skip
+            raise ValueError(
+                f"MeshAxes.of: sequence parallelism (sp) splits the sequence over the model axis, which "
+                f"has 1 device on this mesh {sizes}; use a mesh with tp >= 2 or sp=False"
+            )
         model = MODEL if sizes[MODEL] > 1 else None
         return cls(data=data, model=model, fsdp=fsdp, context=context, pipe=pipe, sequence_parallel=sp, ep=ep)

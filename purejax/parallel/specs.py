@@ -71,8 +71,10 @@ def local_shape(shape: Sequence[int], spec: P, sizes: Mapping[str, int], name: s
     for dim, entry in enumerate(spec):
         for axis in spec_axes(P(entry)):
             if axis not in sizes:
-                raise ValueError(f"{name} {tuple(shape)}: its spec {spec} names mesh axis {axis!r}, but the mesh "
-                                 f"has axes {dict(sizes)}")  # fmt: skip
+                raise ValueError(
+                    f"{name} {tuple(shape)}: its spec {spec} names mesh axis {axis!r}, but the mesh "
+                    f"has axes {dict(sizes)}"
+                )
             size = sizes[axis]
             if out[dim] % size:
                 raise ValueError(

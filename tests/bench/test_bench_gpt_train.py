@@ -33,8 +33,12 @@ def test_gpt2_case_is_gpt2_small_and_its_step_traces_in_bfloat16():
     case = gpt_train.CASES["gpt2"]
     config = case.model
     assert (config.n_layer, config.n_head, config.n_embd, config.block_size, config.vocab_size) == (
-        12, 12, 768, 1024, 50304
-    )  # fmt: skip
+        12,
+        12,
+        768,
+        1024,
+        50304,
+    )
     params = jax.eval_shape(lambda key: gpt.init(key, config), jax.random.key(0))
     total = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(params))
     assert 123e6 < total < 125e6, total  # no biases: 124.3M with the position embeddings
@@ -103,12 +107,20 @@ def test_the_perturbed_biases_and_scales_change_the_loss_by_more_than_the_check_
 
 def reset(weights, name, value):
     """`weights` with every leaf called `name` filled with `value`."""
-    return jax.tree_util.tree_map_with_path(lambda path, a: np.full_like(a, value) if path[-1].key == name else a,
-                                            weights)  # fmt: skip
+    return jax.tree_util.tree_map_with_path(
+        lambda path, a: np.full_like(a, value) if path[-1].key == name else a, weights
+    )
 
 
-PEER_LIBRARY = {"nnx": "flax", "nnx-tree": "flax", "nnx-split": "flax", "equinox": "equinox", "haiku": "haiku",
-                "torch": "torch", "torch-compile": "torch"}  # fmt: skip
+PEER_LIBRARY = {
+    "nnx": "flax",
+    "nnx-tree": "flax",
+    "nnx-split": "flax",
+    "equinox": "equinox",
+    "haiku": "haiku",
+    "torch": "torch",
+    "torch-compile": "torch",
+}
 
 
 @pytest.mark.parametrize("peer", [p for p in gpt_train.PEERS if p != "purejax"])

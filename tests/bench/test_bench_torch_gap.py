@@ -47,8 +47,15 @@ def test_headline_is_the_fraction_of_purejax_time_torch_needs():
 
 
 def test_gap_rows_split_the_profiled_gap_by_group():
-    busy = {"matmul (YNNPACK)": 2.0, "matmul (Eigen)": 1.5, "layout change": 0.5, "elementwise fusion": 1.0,
-            "reduction (YNNPACK)": 0.25, "wall": 7.0, "thunks": 40.0}  # fmt: skip
+    busy = {
+        "matmul (YNNPACK)": 2.0,
+        "matmul (Eigen)": 1.5,
+        "layout change": 0.5,
+        "elementwise fusion": 1.0,
+        "reduction (YNNPACK)": 0.25,
+        "wall": 7.0,
+        "thunks": 40.0,
+    }
     pj = gpt_torch_gap.purejax_kinds(busy)
     assert pj["kernels"] == pytest.approx(5.25) and pj["outside"] == pytest.approx(1.75)
     kinds, rest = gpt_torch_gap.torch_kinds(EVENTS, steps=2, wall_ms=6.0)

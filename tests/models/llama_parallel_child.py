@@ -31,8 +31,9 @@ from purejax import tree as tree_lib  # noqa: E402
 from purejax.parallel import DATA, MeshAxes  # noqa: E402
 from tests.purejax.parallel.hlo import executed_collectives  # noqa: E402
 
-CONFIG = llama.LlamaConfig(vocab_size=64, n_layer=2, n_head=8, n_kv_head=4, d_model=32, d_ff=48, max_seq_len=16,
-                           rope_theta=500.0)  # fmt: skip
+CONFIG = llama.LlamaConfig(
+    vocab_size=64, n_layer=2, n_head=8, n_kv_head=4, d_model=32, d_ff=48, max_seq_len=16, rope_theta=500.0
+)
 # (name, dp, tp, fsdp, n_kv_head, tie_embeddings): kv heads split with their queries (4 on 4 devices, 4 on 2)
 # and replicated (1 on 8; 2 on 4, under FSDP), the head tied and not.
 MODES = [
@@ -103,8 +104,12 @@ def errors(batch) -> dict:
     specs = llama_parallel.param_specs(CONFIG, axes, mesh.shape)
     replicated = jax.tree.map(lambda s: P(), specs, is_leaf=lambda x: isinstance(x, P))
     try:
-        jax.shard_map(functools.partial(llama_parallel.loss, config=CONFIG, axes=axes), mesh=mesh,
-                      in_specs=(replicated, P(DATA)), out_specs=P())(make_params(CONFIG), batch)  # fmt: skip
+        jax.shard_map(
+            functools.partial(llama_parallel.loss, config=CONFIG, axes=axes),
+            mesh=mesh,
+            in_specs=(replicated, P(DATA)),
+            out_specs=P(),
+        )(make_params(CONFIG), batch)
     except Exception as e:  # the message is what is tested
         return {"unsharded_params": str(e)}
     return {"unsharded_params": "no error"}

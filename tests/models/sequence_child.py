@@ -75,8 +75,9 @@ def sharded_steps(config, dp, tp, *, sp, fsdp=False, optimizer=SGD, steps=1, mic
     specs = gpt_parallel.param_specs(config, axes, mesh.shape)
     state = optim.init_train_state(params, optimizer, jax.random.key(seed))
     state_specs = parallel.state_specs(state, specs)
-    step = parallel.sharded_train_step(mesh, state_specs, P(axes.data), loss_fn=loss_fn(config, axes),
-                                       optimizer=optimizer, micro_batches=micro_batches)  # fmt: skip
+    step = parallel.sharded_train_step(
+        mesh, state_specs, P(axes.data), loss_fn=loss_fn(config, axes), optimizer=optimizer, micro_batches=micro_batches
+    )
     state, losses = parallel.shard(state, state_specs, mesh), []
     for _ in range(steps):
         state, metrics = step(state, batch)
@@ -91,8 +92,11 @@ def single_steps(config, *, optimizer=SGD, steps=1, micro_batches=1, seed=0, dp=
     params, batch = data(config, config.block_size)
     order = np.arange(BATCH).reshape(dp, micro_batches, -1).transpose(1, 0, 2).ravel()
     batch = tuple(x[order] for x in batch)
-    step = jax.jit(functools.partial(optim.train_step, loss_fn=loss_fn(config, None), optimizer=optimizer,
-                                     micro_batches=micro_batches))  # fmt: skip
+    step = jax.jit(
+        functools.partial(
+            optim.train_step, loss_fn=loss_fn(config, None), optimizer=optimizer, micro_batches=micro_batches
+        )
+    )
     state, losses = optim.init_train_state(params, optimizer, jax.random.key(seed)), []
     for _ in range(steps):
         state, metrics = step(state, batch)
@@ -107,9 +111,10 @@ def compare(got, want) -> dict:
         "loss_rel_err": rel_err(got_losses, want_losses),
         "params_rel_err": rel_err(flat(got_state.params), flat(want_state.params)),
         "opt_state_rel_err": rel_err(flat(got_state.opt_state), flat(want_state.opt_state))
-        if jax.tree.leaves(want_state.opt_state) else 0.0,
+        if jax.tree.leaves(want_state.opt_state)
+        else 0.0,
         "loss": got_losses[-1],
-    }  # fmt: skip
+    }
 
 
 SGD_MESHES = [(2, 4, False), (2, 4, True)]  # (dp, tp, fsdp), all with sp: both axes at once, and FSDP too
@@ -133,8 +138,9 @@ def equivalence() -> dict:
     kw = {"optimizer": ADAMW, "steps": 3, "micro_batches": 2}
     out["adamw-2x4"] = compare(sharded_steps(NO_BIAS, 2, 4, sp=True, **kw), single_steps(NO_BIAS, dp=2, **kw))
     dropout = dataclasses.replace(NO_BIAS, dropout=0.1)
-    out["adamw-dropout-2x4"] = compare(sharded_steps(dropout, 2, 4, sp=True, **kw),
-                                       sharded_steps(dropout, 2, 4, sp=False, **kw))  # fmt: skip
+    out["adamw-dropout-2x4"] = compare(
+        sharded_steps(dropout, 2, 4, sp=True, **kw), sharded_steps(dropout, 2, 4, sp=False, **kw)
+    )
     return out
 
 

@@ -18,8 +18,17 @@ from models import dit, dit_embeddings, dit_moe
 from purejax import tree as tree_lib
 from purejax.nn import attention
 
-CONFIG = dit.DiTConfig(input_size=8, patch_size=2, in_channels=2, d_model=32, n_layer=2, n_head=2, n_classes=5,
-                       freq_dim=16, time_scale=1000.0)  # fmt: skip
+CONFIG = dit.DiTConfig(
+    input_size=8,
+    patch_size=2,
+    in_channels=2,
+    d_model=32,
+    n_layer=2,
+    n_head=2,
+    n_classes=5,
+    freq_dim=16,
+    time_scale=1000.0,
+)
 B = 3
 
 apply = jax.jit(dit.apply, static_argnames="config")
@@ -47,8 +56,10 @@ def inputs(config=CONFIG, seed=1):
 
 def numpy_patchify(x, p):
     b, h, w, c = x.shape
-    return np.stack([x[:, i * p : (i + 1) * p, j * p : (j + 1) * p].reshape(b, -1)
-                     for i in range(h // p) for j in range(w // p)], axis=1)  # fmt: skip
+    return np.stack(
+        [x[:, i * p : (i + 1) * p, j * p : (j + 1) * p].reshape(b, -1) for i in range(h // p) for j in range(w // p)],
+        axis=1,
+    )
 
 
 def numpy_sincos_2d(d, grid):
@@ -61,7 +72,11 @@ def numpy_sincos_2d(d, grid):
             for i in range(quarter):
                 w = 10000.0 ** (-i / quarter)
                 table[row * grid + col, [i, quarter + i, 2 * quarter + i, 3 * quarter + i]] = [
-                    math.sin(col * w), math.cos(col * w), math.sin(row * w), math.cos(row * w)]  # fmt: skip
+                    math.sin(col * w),
+                    math.cos(col * w),
+                    math.sin(row * w),
+                    math.cos(row * w),
+                ]
     return table
 
 

@@ -16,11 +16,25 @@ import safetensors.numpy as reference
 from models import dit, dit_diffusers
 from purejax import tree as tree_lib
 
-HF_CONFIG = {"_class_name": "DiTTransformer2DModel", "num_attention_heads": 2, "attention_head_dim": 16,
-             "in_channels": 2, "out_channels": 4, "num_layers": 2, "dropout": 0.0, "norm_num_groups": 32,
-             "attention_bias": True, "sample_size": 8, "patch_size": 2, "activation_fn": "gelu-approximate",
-             "num_embeds_ada_norm": 5, "upcast_attention": False, "norm_type": "ada_norm_zero",
-             "norm_elementwise_affine": False, "norm_eps": 0.1}  # fmt: skip
+HF_CONFIG = {
+    "_class_name": "DiTTransformer2DModel",
+    "num_attention_heads": 2,
+    "attention_head_dim": 16,
+    "in_channels": 2,
+    "out_channels": 4,
+    "num_layers": 2,
+    "dropout": 0.0,
+    "norm_num_groups": 32,
+    "attention_bias": True,
+    "sample_size": 8,
+    "patch_size": 2,
+    "activation_fn": "gelu-approximate",
+    "num_embeds_ada_norm": 5,
+    "upcast_attention": False,
+    "norm_type": "ada_norm_zero",
+    "norm_elementwise_affine": False,
+    "norm_eps": 0.1,
+}
 # norm_eps 0.1, not the default 1e-5: large enough that a norm using the wrong epsilon fails the comparison.
 D, P, C, C_OUT, L, CLASSES, FREQ = 32, 2, 2, 4, 2, 5, 256
 EMB = "norm1.emb."
@@ -33,16 +47,30 @@ def diffusers_state_dict(seed=0) -> dict[str, np.ndarray]:
     def w(*shape):  # (out, in) or a bias; scaled so activations stay of order 1
         return (rng.normal(size=shape) / math.sqrt(shape[-1] if len(shape) > 1 else 10)).astype(np.float32)
 
-    sd = {"pos_embed.proj.weight": w(D, C, P, P), "pos_embed.proj.bias": w(D),
-          "proj_out_1.weight": w(2 * D, D), "proj_out_1.bias": w(2 * D),
-          "proj_out_2.weight": w(P * P * C_OUT, D), "proj_out_2.bias": w(P * P * C_OUT)}  # fmt: skip
-    emb = {"timestep_embedder.linear_1.weight": w(D, FREQ), "timestep_embedder.linear_1.bias": w(D),
-           "timestep_embedder.linear_2.weight": w(D, D), "timestep_embedder.linear_2.bias": w(D),
-           "class_embedder.embedding_table.weight": w(CLASSES + 1, D)}  # fmt: skip
+    sd = {
+        "pos_embed.proj.weight": w(D, C, P, P),
+        "pos_embed.proj.bias": w(D),
+        "proj_out_1.weight": w(2 * D, D),
+        "proj_out_1.bias": w(2 * D),
+        "proj_out_2.weight": w(P * P * C_OUT, D),
+        "proj_out_2.bias": w(P * P * C_OUT),
+    }
+    emb = {
+        "timestep_embedder.linear_1.weight": w(D, FREQ),
+        "timestep_embedder.linear_1.bias": w(D),
+        "timestep_embedder.linear_2.weight": w(D, D),
+        "timestep_embedder.linear_2.bias": w(D),
+        "class_embedder.embedding_table.weight": w(CLASSES + 1, D),
+    }
     for i in range(L):
-        block = {"norm1.linear.weight": w(6 * D, D), "norm1.linear.bias": w(6 * D),
-                 "ff.net.0.proj.weight": w(4 * D, D), "ff.net.0.proj.bias": w(4 * D),
-                 "ff.net.2.weight": w(D, 4 * D), "ff.net.2.bias": w(D)}  # fmt: skip
+        block = {
+            "norm1.linear.weight": w(6 * D, D),
+            "norm1.linear.bias": w(6 * D),
+            "ff.net.0.proj.weight": w(4 * D, D),
+            "ff.net.0.proj.bias": w(4 * D),
+            "ff.net.2.weight": w(D, 4 * D),
+            "ff.net.2.bias": w(D),
+        }
         for name in ("to_q", "to_k", "to_v", "to_out.0"):
             block[f"attn1.{name}.weight"], block[f"attn1.{name}.bias"] = w(D, D), w(D)
         block.update({EMB + k: v.copy() for k, v in emb.items()})
@@ -53,8 +81,9 @@ def diffusers_state_dict(seed=0) -> dict[str, np.ndarray]:
 def write_model(directory, sd=None, config=None):
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(HF_CONFIG if config is None else config))
-    reference.save_file(diffusers_state_dict() if sd is None else sd, directory / dit_diffusers.WEIGHTS_FILE,
-                        metadata={"format": "pt"})  # fmt: skip
+    reference.save_file(
+        diffusers_state_dict() if sd is None else sd, directory / dit_diffusers.WEIGHTS_FILE, metadata={"format": "pt"}
+    )
     return directory
 
 
@@ -160,8 +189,12 @@ def test_export_writes_back_the_same_file(tmp_path):
 
 def test_a_converted_dit_config_with_the_old_class_name_loads():
     """diffusers' first DiT conversions are Transformer2DModel configs without norm_eps (then 1e-5)."""
-    old = {**{k: v for k, v in HF_CONFIG.items() if k != "norm_eps"}, "_class_name": "Transformer2DModel",
-           "cross_attention_dim": None, "num_vector_embeds": None}  # fmt: skip
+    old = {
+        **{k: v for k, v in HF_CONFIG.items() if k != "norm_eps"},
+        "_class_name": "Transformer2DModel",
+        "cross_attention_dim": None,
+        "num_vector_embeds": None,
+    }
     config = dit_diffusers.config_from_diffusers(old, time_scale=1000.0)
     assert config.mlp_norm_eps == 1e-5 and config.time_scale == 1000.0 and config.freq_shift == 1.0
     with pytest.raises(ValueError, match="sample_size=None is not a positive int"):
@@ -209,8 +242,17 @@ def test_unsupported_settings_are_listed_together():
 
 
 def test_export_refuses_what_diffusers_cannot_express(tmp_path):
-    config = dit.DiTConfig(input_size=8, patch_size=2, in_channels=2, d_model=32, n_layer=1, n_head=2, n_classes=5,
-                           mlp_ratio=2.0, n_mixer=1)  # freq_shift 0: DiT's own convention  # fmt: skip
+    config = dit.DiTConfig(
+        input_size=8,
+        patch_size=2,
+        in_channels=2,
+        d_model=32,
+        n_layer=1,
+        n_head=2,
+        n_classes=5,
+        mlp_ratio=2.0,
+        n_mixer=1,
+    )  # freq_shift 0: DiT's own convention
     params = jax.jit(dit.init, static_argnames="config")(jax.random.key(0), config)
     with pytest.raises(ValueError, match="(?s)n_mixer=1.*mlp_ratio=2.0.*freq_shift=0.0"):
         dit_diffusers.save(params, config, tmp_path / "out")

@@ -235,11 +235,23 @@ def test_generate_compiles_once():
     params, prompt, keys = make_params(), tokens((B, 7), seed=4), [jax.random.key(i) for i in range(3)]
     params2 = jax.tree.map(lambda a: a * 1.5, params)
     before = gpt_decode._generate._cache_size()
-    calls = [(params, keys[0], 0.8, 0.9, 5, None), (params2, keys[1], 1.3, 0.5, 3, np.array([7, 4])),
-             (params, keys[2], 0.0, 0.7, 9, np.array([2, 6]))]  # fmt: skip
+    calls = [
+        (params, keys[0], 0.8, 0.9, 5, None),
+        (params2, keys[1], 1.3, 0.5, 3, np.array([7, 4])),
+        (params, keys[2], 0.0, 0.7, 9, np.array([2, 6])),
+    ]
     for p, key, temperature, top_p, max_new, lengths in calls:  # 7 + max_new <= 16 = 2 * block_size: one buffer
-        out = gpt_decode.generate(p, prompt, CONFIG, key=key, max_new_tokens=max_new, temperature=temperature,
-                                  top_k=5, top_p=top_p, lengths=lengths)  # fmt: skip
+        out = gpt_decode.generate(
+            p,
+            prompt,
+            CONFIG,
+            key=key,
+            max_new_tokens=max_new,
+            temperature=temperature,
+            top_k=5,
+            top_p=top_p,
+            lengths=lengths,
+        )
         chex.assert_shape(out, (B, 7 + max_new))
     assert gpt_decode._generate._cache_size() - before <= 1
 

@@ -50,13 +50,19 @@ def hf_tensors(seed=0, n_layer=N_LAYER, prefix="transformer.", buffers=True) -> 
     for i in range(n_layer):
         h = f"h.{i}."
         out |= {
-            h + "ln_1.weight": normal(c, mean=1.0), h + "ln_1.bias": normal(c),
-            h + "attn.c_attn.weight": normal(c, 3 * c), h + "attn.c_attn.bias": normal(3 * c),
-            h + "attn.c_proj.weight": normal(c, c), h + "attn.c_proj.bias": normal(c),
-            h + "ln_2.weight": normal(c, mean=1.0), h + "ln_2.bias": normal(c),
-            h + "mlp.c_fc.weight": normal(c, 4 * c), h + "mlp.c_fc.bias": normal(4 * c),
-            h + "mlp.c_proj.weight": normal(4 * c, c), h + "mlp.c_proj.bias": normal(c),
-        }  # fmt: skip
+            h + "ln_1.weight": normal(c, mean=1.0),
+            h + "ln_1.bias": normal(c),
+            h + "attn.c_attn.weight": normal(c, 3 * c),
+            h + "attn.c_attn.bias": normal(3 * c),
+            h + "attn.c_proj.weight": normal(c, c),
+            h + "attn.c_proj.bias": normal(c),
+            h + "ln_2.weight": normal(c, mean=1.0),
+            h + "ln_2.bias": normal(c),
+            h + "mlp.c_fc.weight": normal(c, 4 * c),
+            h + "mlp.c_fc.bias": normal(4 * c),
+            h + "mlp.c_proj.weight": normal(4 * c, c),
+            h + "mlp.c_proj.bias": normal(c),
+        }
         if buffers:  # what older transformers versions saved: the causal mask and the masked-out value
             out[h + "attn.bias"] = np.tril(np.ones((N_POSITIONS, N_POSITIONS), np.float32))[None, None]
             out[h + "attn.masked_bias"] = np.array(-1e4, np.float32)
@@ -113,8 +119,16 @@ IDS = np.random.default_rng(1).integers(0, VOCAB, (2, N_POSITIONS))
 def test_loaded_weights_give_the_logits_of_a_numpy_gpt2(tmp_path, layout):
     tensors = hf_tensors(**layout)
     params, config = gpt_hf.load(write_dir(tmp_path / "gpt2", tensors))
-    assert config == gpt.GPTConfig(block_size=N_POSITIONS, vocab_size=VOCAB, n_layer=N_LAYER, n_head=N_HEAD,
-                                   n_embd=N_EMBD, dropout=0.0, bias=True, gelu="tanh")  # fmt: skip
+    assert config == gpt.GPTConfig(
+        block_size=N_POSITIONS,
+        vocab_size=VOCAB,
+        n_layer=N_LAYER,
+        n_head=N_HEAD,
+        n_embd=N_EMBD,
+        dropout=0.0,
+        bias=True,
+        gelu="tanh",
+    )
     np.testing.assert_allclose(apply(params, IDS, config), numpy_gpt2(tensors, IDS, N_HEAD), rtol=1e-4, atol=1e-4)
 
 

@@ -65,8 +65,17 @@ def test_train_gpts_evaluation_reports_the_cross_entropy_alone_and_its_step_the_
 
     dense = random_params(DENSE)
     params, data = experts_copying_the_dense_mlp(dense), batch(DENSE)
-    cfg = TrainConfig(n_layer=3, n_head=2, n_embd=16, block_size=8, n_experts=4, max_iters=10, lr_decay_iters=10,
-                      warmup_iters=1, dtype="float32")  # fmt: skip
+    cfg = TrainConfig(
+        n_layer=3,
+        n_head=2,
+        n_embd=16,
+        block_size=8,
+        n_experts=4,
+        max_iters=10,
+        lr_decay_iters=10,
+        warmup_iters=1,
+        dtype="float32",
+    )
     _, eval_loss = gpt_steps.compile_step(cfg, MOE, Devices(), None, None)
     np.testing.assert_allclose(eval_loss(params, *data), gpt.loss(dense, data, DENSE), rtol=1e-5)
     loss_fn = gpt_steps.make_loss_fn(MOE, gpt_steps.Policy(jnp.float32, "float32", jnp.float32))
@@ -152,8 +161,16 @@ def test_bad_training_settings_are_refused(settings, message):
 def test_train_gpt_with_experts_over_the_data_axis_equals_one_device(tmp_path, corpus):  # noqa: F811
     """`train.gpt --n_experts=4 --dp=2 --ep=true` with no capacity limit (nothing dropped): the checkpoint
     after 4 steps equals one device's, and the log shows the load-balancing metrics."""
-    common = [*TINY, f"--dataset={corpus}", "--max_iters=4", "--eval_interval=4", "--eval_iters=1",
-              "--log_interval=2", "--n_experts=4", "--capacity_factor=0"]  # fmt: skip
+    common = [
+        *TINY,
+        f"--dataset={corpus}",
+        "--max_iters=4",
+        "--eval_interval=4",
+        "--eval_iters=1",
+        "--log_interval=2",
+        "--n_experts=4",
+        "--capacity_factor=0",
+    ]
     finish(run_gpt([*common, "--out_dir=single"], tmp_path))
     out = finish(run_gpt([*common, "--out_dir=ep", "--dp=2", "--ep=true"], tmp_path))
     assert "moe_aux 1.0" in out and "moe_dropped 0.0000" in out, out

@@ -112,8 +112,18 @@ def test_train_config_refuses_sp_without_what_it_needs():
 def test_train_gpt_with_sp_equals_tensor_parallelism(tmp_path, even_corpus):  # noqa: F811
     """`python -m train.gpt --tp=2 --sp=true` with dropout trains to the params and AdamW moments of
     `--tp=2` (the same masks)."""
-    common = [*TINY, f"--dataset={even_corpus}", "--max_iters=4", "--lr_decay_iters=8", "--warmup_iters=2",
-              "--eval_interval=4", "--eval_iters=1", "--log_interval=4", "--batch_size=8", "--n_head=4"]  # fmt: skip
+    common = [
+        *TINY,
+        f"--dataset={even_corpus}",
+        "--max_iters=4",
+        "--lr_decay_iters=8",
+        "--warmup_iters=2",
+        "--eval_interval=4",
+        "--eval_iters=1",
+        "--log_interval=4",
+        "--batch_size=8",
+        "--n_head=4",
+    ]
     finish(run_gpt([*common, "--out_dir=tp", "--tp=2", "--dropout=0.1"], tmp_path))
     out = finish(run_gpt([*common, "--out_dir=sp", "--tp=2", "--sp=true", "--dropout=0.1"], tmp_path))
     assert "sequence parallel over tp (sp)" in out

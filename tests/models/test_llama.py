@@ -24,8 +24,12 @@ def make_params(config, seed=0):
     params = llama.init(jax.random.key(seed), config)
     rng = np.random.default_rng(seed)
     flat = tree.flatten(params)
-    return tree.unflatten({p: a + rng.normal(size=a.shape).astype(np.float32) * 0.2 if p.endswith("scale") else a
-                           for p, a in flat.items()})  # fmt: skip
+    return tree.unflatten(
+        {
+            p: a + rng.normal(size=a.shape).astype(np.float32) * 0.2 if p.endswith("scale") else a
+            for p, a in flat.items()
+        }
+    )
 
 
 CASES = {
@@ -47,11 +51,17 @@ def test_logits_match_the_float64_numpy_llama(case):
 def test_params_layout():
     shapes = {path: a.shape for path, a in tree.flatten(llama.init(jax.random.key(0), CONFIG)).items()}
     assert shapes == {
-        "embed.w": (13, 16), "head.w": (16, 13), "norm.scale": (16,),
-        "blocks.attn_norm.scale": (2, 16), "blocks.mlp_norm.scale": (2, 16),
-        "blocks.attn.qkv.w": (2, 16, (4 + 2 * 2) * 4), "blocks.attn.proj.w": (2, 16, 16),
-        "blocks.mlp.gate.w": (2, 16, 24), "blocks.mlp.up.w": (2, 16, 24), "blocks.mlp.down.w": (2, 24, 16),
-    }  # fmt: skip
+        "embed.w": (13, 16),
+        "head.w": (16, 13),
+        "norm.scale": (16,),
+        "blocks.attn_norm.scale": (2, 16),
+        "blocks.mlp_norm.scale": (2, 16),
+        "blocks.attn.qkv.w": (2, 16, (4 + 2 * 2) * 4),
+        "blocks.attn.proj.w": (2, 16, 16),
+        "blocks.mlp.gate.w": (2, 16, 24),
+        "blocks.mlp.up.w": (2, 16, 24),
+        "blocks.mlp.down.w": (2, 24, 16),
+    }
     tied = llama.init(jax.random.key(0), dataclasses.replace(CONFIG, tie_embeddings=True))
     assert "head" not in tied
     assert llama.num_params(tied) == tree.count(tied)  # the tied table is the head: counted
@@ -75,8 +85,10 @@ def test_a_shifted_sequence_gives_the_same_hidden_states():
     np.testing.assert_allclose(moved, llama.hidden(params, IDX, CONFIG), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(
         llama.unembed(params, moved, CONFIG),
-        llama_numpy.forward(params, IDX, CONFIG, positions=np.arange(5, 12)), rtol=1e-4, atol=1e-5,
-    )  # fmt: skip
+        llama_numpy.forward(params, IDX, CONFIG, positions=np.arange(5, 12)),
+        rtol=1e-4,
+        atol=1e-5,
+    )
 
 
 def test_loss_is_the_mean_cross_entropy_of_the_counted_targets():

@@ -18,8 +18,9 @@ from purejax import sampling
 from tests.models import llama_numpy
 from tests.models.test_gpt_decode import _copies_of_the_cache
 
-CONFIG = LlamaConfig(vocab_size=13, n_layer=2, n_head=4, n_kv_head=2, d_model=16, d_ff=24, max_seq_len=12,
-                     rope_theta=500.0)  # fmt: skip
+CONFIG = LlamaConfig(
+    vocab_size=13, n_layer=2, n_head=4, n_kv_head=2, d_model=16, d_ff=24, max_seq_len=12, rope_theta=500.0
+)
 IDX = np.random.default_rng(1).integers(0, 13, size=(2, 9))
 
 
@@ -51,8 +52,11 @@ def test_the_cache_is_sized_by_the_key_value_heads():
     assert [a.shape for a in llama_decode.init_cache(CONFIG, 1, 5, dtype=jnp.bfloat16)["k"]] == [(2, 5, 4)] * 2
 
 
-@pytest.mark.parametrize("changes", [dict(), dict(n_kv_head=1, tie_embeddings=True, layers="loop")],
-                         ids=["grouped", "multi-query, tied, loop"])  # fmt: skip
+@pytest.mark.parametrize(
+    "changes",
+    [dict(), dict(n_kv_head=1, tie_embeddings=True, layers="loop")],
+    ids=["grouped", "multi-query, tied, loop"],
+)
 def test_prefill_then_one_token_at_a_time_equals_the_full_forward(changes):
     config = dataclasses.replace(CONFIG, **changes)
     params = make_params(config)

@@ -20,15 +20,37 @@ from purejax.nn import rotary
 
 VOCAB, D_MODEL, N_HEAD, D_FF, N_LAYER, MAX_POS = 61, 32, 4, 48, 2, 16
 HF_CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": VOCAB, "hidden_size": D_MODEL,
-    "intermediate_size": D_FF, "num_hidden_layers": N_LAYER, "num_attention_heads": N_HEAD,
-    "num_key_value_heads": 2, "hidden_act": "silu", "max_position_embeddings": MAX_POS, "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0, "rope_scaling": None, "tie_word_embeddings": False, "attention_bias": False,
-    "mlp_bias": False, "attention_dropout": 0.0, "initializer_range": 0.02, "pretraining_tp": 1,
-    "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2, "use_cache": True,
-}  # fmt: skip
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 64}  # every band: wavelengths 6, 63, 628 and 6283  # fmt: skip
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": VOCAB,
+    "hidden_size": D_MODEL,
+    "intermediate_size": D_FF,
+    "num_hidden_layers": N_LAYER,
+    "num_attention_heads": N_HEAD,
+    "num_key_value_heads": 2,
+    "hidden_act": "silu",
+    "max_position_embeddings": MAX_POS,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "rope_scaling": None,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "attention_dropout": 0.0,
+    "initializer_range": 0.02,
+    "pretraining_tp": 1,
+    "torch_dtype": "float32",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "use_cache": True,
+}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}  # every band: wavelengths 6, 63, 628 and 6283
 VARIANTS = {
     "gqa": {},
     "mqa-tied-llama3": {"num_key_value_heads": 1, "tie_word_embeddings": True, "rope_scaling": LLAMA3},
@@ -266,8 +288,13 @@ def test_unsupported_settings_in_config_json_are_listed_together():
     }
     with pytest.raises(ValueError) as error:
         llama_hf.config_from_hf(bad, source="x/config.json")
-    for expected in ["x/config.json: unsupported", "attention_bias=true", "hidden_act 'gelu'", "head_dim=16",
-                     "rope_type 'yarn'"]:  # fmt: skip
+    for expected in [
+        "x/config.json: unsupported",
+        "attention_bias=true",
+        "hidden_act 'gelu'",
+        "head_dim=16",
+        "rope_type 'yarn'",
+    ]:
         assert expected in str(error.value)
     with pytest.raises(ValueError, match=r"missing \['num_hidden_layers'\]"):
         llama_hf.config_from_hf({k: v for k, v in HF_CONFIG.items() if k != "num_hidden_layers"})
@@ -279,8 +306,18 @@ def test_unsupported_settings_in_config_json_are_listed_together():
     ids=["none", "linear", "llama3"],
 )
 def test_config_round_trips(scaling):
-    config = llama.LlamaConfig(vocab_size=VOCAB, n_layer=3, n_head=8, n_kv_head=2, d_model=64, d_ff=96,
-                               max_seq_len=128, rope_theta=500000.0, rope_scaling=scaling, norm_eps=1e-6)  # fmt: skip
+    config = llama.LlamaConfig(
+        vocab_size=VOCAB,
+        n_layer=3,
+        n_head=8,
+        n_kv_head=2,
+        d_model=64,
+        d_ff=96,
+        max_seq_len=128,
+        rope_theta=500000.0,
+        rope_scaling=scaling,
+        norm_eps=1e-6,
+    )
     assert llama_hf.config_from_hf(llama_hf.config_to_hf(config)) == config
     newer = {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}  # transformers 5 moved rope_theta
     assert llama_hf.config_from_hf(HF_CONFIG | newer).rope_theta == 1e6

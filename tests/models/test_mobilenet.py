@@ -160,8 +160,9 @@ def test_train_mode_updates_running_statistics_as_torch(v2):
 
 def test_axis_name_gives_the_statistics_of_the_concatenated_batch(v2):
     params, state, x, one = v2
-    sharded = jax.jit(jax.vmap(lambda x: mobilenet.apply(params, x, state, SMALL_V2, train=True, axis_name="data"),
-                               axis_name="data"))(x.reshape(2, 4, 8, 8, 1))  # fmt: skip
+    sharded = jax.jit(
+        jax.vmap(lambda x: mobilenet.apply(params, x, state, SMALL_V2, train=True, axis_name="data"), axis_name="data")
+    )(x.reshape(2, 4, 8, 8, 1))
     np.testing.assert_allclose(sharded[0].reshape(8, 10), one[0], rtol=2e-4, atol=2e-5)
     for a, b in zip(jax.tree.leaves(sharded[1]), jax.tree.leaves(one[1])):
         np.testing.assert_allclose(a[0], b, rtol=2e-4, atol=1e-5)
@@ -192,8 +193,13 @@ def test_errors_name_what_is_wrong(v2):
         mobilenet.apply({k: v for k, v in params.items() if k != "last"}, x, state, SMALL_V2, train=False)
     with pytest.raises(KeyError, match="state"):
         mobilenet.apply(params, x, {}, SMALL_V2, train=False)
-    for bad, match in [({"version": "v3"}, "version"), ({"width_mult": 0.0}, "width_mult"),
-                       ({"num_downsamples": 6}, "num_downsamples"), ({"n_classes": 1}, "n_classes"),
-                       ({"dropout": 1.0}, "dropout"), ({"depthwise_impl": "fft"}, "depthwise_impl")]:  # fmt: skip
+    for bad, match in [
+        ({"version": "v3"}, "version"),
+        ({"width_mult": 0.0}, "width_mult"),
+        ({"num_downsamples": 6}, "num_downsamples"),
+        ({"n_classes": 1}, "n_classes"),
+        ({"dropout": 1.0}, "dropout"),
+        ({"depthwise_impl": "fft"}, "depthwise_impl"),
+    ]:
         with pytest.raises((ValueError, TypeError), match=match):  # TypeError: the test-time type checker
             mobilenet.MobileNetConfig(**bad)

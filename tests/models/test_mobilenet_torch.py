@@ -162,8 +162,9 @@ def test_imported_weights_match_the_numpy_torchvision_forward(fixture_file):
         (a == b).all() for a, b in zip(jax.tree.leaves(same_state), jax.tree.leaves(state))
     )
     np.testing.assert_array_equal(state["block_3"]["expand"]["bn"]["var"], sd["features.4.conv.0.1.running_var"])
-    np.testing.assert_array_equal(params["block_0"]["depthwise"]["conv"]["w"][:, :, 0, 5],
-                                  sd["features.1.conv.0.0.weight"][5, 0])  # fmt: skip
+    np.testing.assert_array_equal(
+        params["block_0"]["depthwise"]["conv"]["w"][:, :, 0, 5], sd["features.1.conv.0.0.weight"][5, 0]
+    )
 
 
 def test_adapted_stem_for_small_images_matches_the_reference_with_those_strides(fixture_file):

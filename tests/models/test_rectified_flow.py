@@ -118,8 +118,17 @@ def test_euler_lands_on_the_data_point_and_guidance_combines_velocities():
 def test_euler_steps_match_a_numpy_loop():
     """A velocity that is not exact for Euler (v = a * z): numpy's explicit loop over the shifted grid."""
     noise_key = jax.random.key(1)
-    got = rf.sample(lambda a, z, t, y: a * z * (1 + t[:, None]), 0.7, noise_key, jnp.zeros(2, jnp.int32),
-                    shape=(3,), n_steps=5, guidance=1.0, null_class=1, shift=2.0)  # fmt: skip
+    got = rf.sample(
+        lambda a, z, t, y: a * z * (1 + t[:, None]),
+        0.7,
+        noise_key,
+        jnp.zeros(2, jnp.int32),
+        shape=(3,),
+        n_steps=5,
+        guidance=1.0,
+        null_class=1,
+        shift=2.0,
+    )
     z = np.asarray(jax.random.normal(noise_key, (2, 3)), np.float64)
     ts = np.linspace(1, 0, 6)
     ts = 2 * ts / (1 + ts)
@@ -147,8 +156,19 @@ def test_sampler_is_deterministic_and_traced_once():
 
 def test_masked_microdit_loss_runs_through_the_flow():
     """MicroDiT's masked forward plugs into the loss; at mask ratio 0 the loss is the plain model's."""
-    config = dit.DiTConfig(input_size=4, patch_size=2, in_channels=1, d_model=16, n_layer=1, n_head=2, n_classes=5,
-                           learn_sigma=False, freq_dim=8, time_scale=1000.0, n_mixer=1)  # fmt: skip
+    config = dit.DiTConfig(
+        input_size=4,
+        patch_size=2,
+        in_channels=1,
+        d_model=16,
+        n_layer=1,
+        n_head=2,
+        n_classes=5,
+        learn_sigma=False,
+        freq_dim=8,
+        time_scale=1000.0,
+        n_mixer=1,
+    )
     rng = np.random.default_rng(0)
     noise = lambda a: a + rng.normal(0, 0.2, a.shape).astype(np.float32)  # noqa: E731
     params = jax.tree.map(noise, dit.init(jax.random.key(0), config))
@@ -162,8 +182,10 @@ def test_masked_microdit_loss_runs_through_the_flow():
 
     @jax.jit
     def losses(params):
-        return tuple(rf.loss(predict, params, x, y, FLOW, key=jax.random.key(2))[0]
-                     for predict in (unmasked, masked(0.0), masked(0.5)))  # fmt: skip
+        return tuple(
+            rf.loss(predict, params, x, y, FLOW, key=jax.random.key(2))[0]
+            for predict in (unmasked, masked(0.0), masked(0.5))
+        )
 
     plain, zero, half = losses(params)
     np.testing.assert_allclose(zero, plain, rtol=1e-5)
@@ -180,5 +202,11 @@ def test_bad_arguments_are_rejected():
     with pytest.raises(ValueError, match="n_steps must be a positive int"):
         rf.sample(point_velocity, 1.0, jax.random.key(0), jnp.asarray([0]), shape=(2,), n_steps=0, null_class=2)
     with pytest.raises(ValueError, match="predict returned shape"):
-        rf.loss(lambda p, z, t, y, key: jnp.concatenate([z, z], -1), None, jnp.zeros((2, 3)), jnp.zeros(2, jnp.int32),
-                FLOW, key=jax.random.key(0))  # fmt: skip
+        rf.loss(
+            lambda p, z, t, y, key: jnp.concatenate([z, z], -1),
+            None,
+            jnp.zeros((2, 3)),
+            jnp.zeros(2, jnp.int32),
+            FLOW,
+            key=jax.random.key(0),
+        )

@@ -152,8 +152,9 @@ def test_bfloat16_base_with_float32_adapters(base):
     assert merged["blocks"]["attn"]["qkv"]["w"].dtype == jnp.float32  # the change is kept in float32
     assert merged["blocks"]["attn"]["proj"]["w"].dtype == jnp.bfloat16  # not adapted: the base's own
     expected = merge(tree_lib.cast_floating(low, jnp.float32), adapters, config)
-    np.testing.assert_array_equal(np.asarray(merged["blocks"]["mlp"]["fc"]["w"]),
-                                  np.asarray(expected["blocks"]["mlp"]["fc"]["w"]))  # fmt: skip
+    np.testing.assert_array_equal(
+        np.asarray(merged["blocks"]["mlp"]["fc"]["w"]), np.asarray(expected["blocks"]["mlp"]["fc"]["w"])
+    )
     back = unmerge(merged, adapters, config, dtype=jnp.bfloat16)
     assert tree_lib.diff(back, low).ok
 

@@ -37,8 +37,14 @@ def test_labels_outside_the_classes_give_nan_not_a_wrong_loss():
 def test_the_vocab_parallel_form_flags_out_of_range_labels_too():
     """On a one-device mesh the vocab-parallel path runs with the whole vocabulary as its shard."""
     mesh = parallel.make_mesh(1, 1)
-    per_example = jax.jit(jax.shard_map(lambda lg, lb: losses.cross_entropy(lg, lb, axis_name=parallel.MODEL),
-                                        mesh=mesh, in_specs=(P(None, parallel.MODEL), P()), out_specs=P()))  # fmt: skip
+    per_example = jax.jit(
+        jax.shard_map(
+            lambda lg, lb: losses.cross_entropy(lg, lb, axis_name=parallel.MODEL),
+            mesh=mesh,
+            in_specs=(P(None, parallel.MODEL), P()),
+            out_specs=P(),
+        )
+    )
 
     np.testing.assert_allclose(per_example(LOGITS, LABELS), losses.cross_entropy(LOGITS, LABELS), rtol=1e-6)
     got = per_example(LOGITS, LABELS.at[1].set(6))

@@ -206,8 +206,9 @@ def toy_generate(prompt, lengths, key, max_new_tokens, temperature, scale, noise
         logits = scale * jax.nn.one_hot(next_token(token, count, i), VOCAB) + noise[i + 1]
         return logits, count + 1
 
-    return sampling.generate_loop(prefill, feed, prompt, lengths, width=WIDTH, key=key,
-                                  max_new_tokens=max_new_tokens, temperature=temperature)  # fmt: skip
+    return sampling.generate_loop(
+        prefill, feed, prompt, lengths, width=WIDTH, key=key, max_new_tokens=max_new_tokens, temperature=temperature
+    )
 
 
 PROMPT = np.array([[1, 2, 3, 5], [4, 6, 6, 6]], np.int32)  # row 1's last three columns: padding
@@ -263,8 +264,15 @@ def test_generate_loop_refuses_a_count_or_width_that_would_write_out_of_place(wi
         raise AssertionError("the check must come before the model runs")
 
     with pytest.raises(ValueError, match=message):
-        sampling.generate_loop(model, model, jnp.asarray(PROMPT), jnp.asarray(LENGTHS), width=width,
-                               key=jax.random.key(0), max_new_tokens=max_new_tokens)  # fmt: skip
+        sampling.generate_loop(
+            model,
+            model,
+            jnp.asarray(PROMPT),
+            jnp.asarray(LENGTHS),
+            width=width,
+            key=jax.random.key(0),
+            max_new_tokens=max_new_tokens,
+        )
 
 
 def test_first_columns_cuts_on_the_host_or_under_jit():

@@ -36,11 +36,17 @@ def nested():
 def test_flatten_paths_name_every_node_kind():
     flat = tree.flatten(nested())
     assert set(flat) == {
-        "blocks.0.w", "blocks.0.b", "blocks.1.w", "blocks.1.b",
-        "heads.0", "heads.1",
-        "pair.0", "pair.1",
-        "adam.mu.w", "adam.count",
-    }  # fmt: skip
+        "blocks.0.w",
+        "blocks.0.b",
+        "blocks.1.w",
+        "blocks.1.b",
+        "heads.0",
+        "heads.1",
+        "pair.0",
+        "pair.1",
+        "adam.mu.w",
+        "adam.count",
+    }
     np.testing.assert_array_equal(flat["blocks.1.w"], np.full((2, 3), 2.0))
     np.testing.assert_array_equal(flat["heads.1"], np.arange(5))
 
@@ -108,8 +114,12 @@ def test_unflatten_like_reports_every_missing_and_unexpected_path():
     with pytest.raises(tree.TreeMismatchError) as err:
         tree.unflatten_like(nested(), flat)
     msg = str(err.value)
-    for line in ("missing:        blocks.1.w", "missing:        adam.count", "unexpected:     blocks.2.w",
-                 "unexpected:     extra"):  # fmt: skip
+    for line in (
+        "missing:        blocks.1.w",
+        "missing:        adam.count",
+        "unexpected:     blocks.2.w",
+        "unexpected:     extra",
+    ):
         assert line in msg
 
 

@@ -16,15 +16,28 @@ from train.data import images as images_lib
 
 # MobileNetV1 at width 0.25 (the quickest MobileNet to compile), 44 steps of 32 per epoch, 3 epochs, no augmentation;
 # BatchNorm momentum raised so that eval-mode statistics keep up with so short a run.
-FAST = ["--progress=false", "--version=v1", "--width=0.25", "--num_downsamples=2", "--batch_size=32", "--epochs=3",
-        "--dropout=0", "--augment=false", "--learning_rate=1e-2", "--warmup_steps=10", "--bn_momentum=0.3"]  # fmt: skip
+FAST = [
+    "--progress=false",
+    "--version=v1",
+    "--width=0.25",
+    "--num_downsamples=2",
+    "--batch_size=32",
+    "--epochs=3",
+    "--dropout=0",
+    "--augment=false",
+    "--learning_rate=1e-2",
+    "--warmup_steps=10",
+    "--bn_momentum=0.3",
+]
 LEARNED = 0.75  # test accuracy after those 132 steps; measured 83.0% here (chance: 10%)
 
 
 def leaves(out_dir, step):
     tree, _ = checkpoint.restore(checkpoint.CheckpointManager(out_dir).path(step))
-    return [np.asarray(jax.random.key_data(x)) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else np.asarray(x)
-            for x in jax.tree.leaves(tree)]  # fmt: skip
+    return [
+        np.asarray(jax.random.key_data(x)) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else np.asarray(x)
+        for x in jax.tree.leaves(tree)
+    ]
 
 
 @pytest.fixture
@@ -71,8 +84,9 @@ def test_short_run_learns_and_resume_mid_epoch_is_bit_exact(tmp_path, sigterm_af
     assert resumed["test_accuracy"] == straight["test_accuracy"]
     # what the run is cannot change on resume (before anything compiles): each conflict is named
     with pytest.raises(SystemExit, match=r"(?s)width: checkpoint has .* override says 0.5.*batch_size: .*epochs: "):
-        classify.main([f"--out_dir={tmp_path / 'stopped'}", "--init_from=resume", "--width=0.5", "--batch_size=7",
-                       "--epochs=99"])  # fmt: skip
+        classify.main(
+            [f"--out_dir={tmp_path / 'stopped'}", "--init_from=resume", "--width=0.5", "--batch_size=7", "--epochs=99"]
+        )
 
 
 def test_random_shift_is_a_crop_of_the_zero_padded_image():

@@ -16,8 +16,13 @@ from train import config as config_lib
 from train.config import ConfigError, check_ranges, setting
 
 ROOT = Path(__file__).resolve().parents[2]
-PROGRAMS = [(gpt.main, gpt.TrainConfig), (flow.main, flow.TrainConfig), (classify.main, classify.ClassifyConfig),
-            (mlp.main, mlp.MLPSettings), (sample.main, sample.SampleConfig)]  # fmt: skip
+PROGRAMS = [
+    (gpt.main, gpt.TrainConfig),
+    (flow.main, flow.TrainConfig),
+    (classify.main, classify.ClassifyConfig),
+    (mlp.main, mlp.MLPSettings),
+    (sample.main, sample.SampleConfig),
+]
 
 
 @pytest.mark.parametrize("main, cls", PROGRAMS, ids=lambda x: getattr(x, "__module__", ""))
@@ -33,7 +38,9 @@ def test_every_program_answers_help_with_each_setting_its_type_default_and_help(
         line = lines[f"--{field.name}"]
         assert field.metadata["help"] in line and config_lib.type_name(hints[field.name]) in line
     assert re.search(r"--learning_rate=float\s+0.001\s+the peak learning rate.*\(> 0\)", out) or cls not in (
-        gpt.TrainConfig, flow.TrainConfig)  # fmt: skip
+        gpt.TrainConfig,
+        flow.TrainConfig,
+    )
 
 
 def test_help_shows_the_chosen_presets_values(capsys):
@@ -92,8 +99,11 @@ def test_ranges_hints_and_optional_values():
 
     assert config_lib.parse_args(Settings, ["--count=none", "--rate=1"]) == Settings(1.0, None)
     assert config_lib.parse_args(Settings, ["--count=3"]).count == 3
-    for args, message in ((["--rate=1.5"], "rate=1.5: must be > 0 and <= 1"), (["--count=0"], "count=0: must be >= 1"),
-                          (["--count", "3"], "write --count=3")):  # fmt: skip
+    for args, message in (
+        (["--rate=1.5"], "rate=1.5: must be > 0 and <= 1"),
+        (["--count=0"], "count=0: must be >= 1"),
+        (["--count", "3"], "write --count=3"),
+    ):
         with pytest.raises(ConfigError, match=re.escape(message)):
             config_lib.parse_args(Settings, args)
     assert not math.isnan(Settings().rate)

@@ -21,8 +21,16 @@ from train import finetune
 ROOT = Path(__file__).resolve().parents[2]
 
 BASE = gpt.GPTConfig(block_size=32, vocab_size=256, n_layer=2, n_head=2, n_embd=32, bias=True, gelu="tanh")
-FAST = ["--progress=false", "--batch_size=16", "--block_size=32", "--eval_iters=10", "--log_interval=25",
-        "--num_samples=0", "--learning_rate=1e-2", "--warmup_iters=5"]  # fmt: skip
+FAST = [
+    "--progress=false",
+    "--batch_size=16",
+    "--block_size=32",
+    "--eval_iters=10",
+    "--log_interval=25",
+    "--num_samples=0",
+    "--learning_rate=1e-2",
+    "--warmup_iters=5",
+]
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +74,18 @@ def finetuned(base_dir, texts, tmp_path_factory):
     root = tmp_path_factory.mktemp("finetune")
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(root)  # the prepared dataset goes under ./data
-        result = run(root / "out", base_dir, texts[1], "--max_iters=100", "--lr_decay_iters=100",
-                     "--eval_interval=50", f"--merge_into={root / 'merged'}", "--num_samples=1", "--max_new_tokens=8",
-                     "--start=def ")  # fmt: skip
+        result = run(
+            root / "out",
+            base_dir,
+            texts[1],
+            "--max_iters=100",
+            "--lr_decay_iters=100",
+            "--eval_interval=50",
+            f"--merge_into={root / 'merged'}",
+            "--num_samples=1",
+            "--max_new_tokens=8",
+            "--start=def ",
+        )
     return root, result
 
 

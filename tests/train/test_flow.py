@@ -20,8 +20,16 @@ def metrics(out_dir):
 
 
 def test_tiny_run_learns_and_evaluates(tmp_path):
-    result = flow.main([*TINY, f"--out_dir={tmp_path / 'run'}", "--max_iters=80", "--lr_decay_iters=80",
-                        "--batch_size=128", "--eval_guidance=1,2"])  # fmt: skip
+    result = flow.main(
+        [
+            *TINY,
+            f"--out_dir={tmp_path / 'run'}",
+            "--max_iters=80",
+            "--lr_decay_iters=80",
+            "--batch_size=128",
+            "--eval_guidance=1,2",
+        ]
+    )
     losses = [r["loss"] for r in metrics(tmp_path / "run") if "loss" in r]
     # the untrained model predicts 0, so the loss starts at E|eps - x|^2, ~1.6 on digits scaled to [-1, 1];
     # recorded after 80 steps of this 2x32 model: ~0.95
@@ -32,13 +40,23 @@ def test_tiny_run_learns_and_evaluates(tmp_path):
 
 
 def leaves(tree):
-    return [np.asarray(jax.random.key_data(x)) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else np.asarray(x)
-            for x in jax.tree_util.tree_leaves(tree)]  # fmt: skip
+    return [
+        np.asarray(jax.random.key_data(x)) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else np.asarray(x)
+        for x in jax.tree_util.tree_leaves(tree)
+    ]
 
 
 def test_resume_is_bit_exact_for_microdit_and_keeps_the_architecture(tmp_path, capsys):
-    common = [*TINY, "--max_iters=12", "--lr_decay_iters=12", "--checkpoint_interval=6", "--eval_guidance=",
-              "--n_mixer=1", "--mask_ratio=0.5", "--label_dropout=0.3"]  # fmt: skip
+    common = [
+        *TINY,
+        "--max_iters=12",
+        "--lr_decay_iters=12",
+        "--checkpoint_interval=6",
+        "--eval_guidance=",
+        "--n_mixer=1",
+        "--mask_ratio=0.5",
+        "--label_dropout=0.3",
+    ]
     flow.main([*common, f"--out_dir={tmp_path / 'straight'}"])
     flow.main([*common, f"--out_dir={tmp_path / 'stopped'}", "--max_iters=6"])
     flow.main([*TINY, f"--out_dir={tmp_path / 'stopped'}", "--init_from=resume", "--max_iters=12"])

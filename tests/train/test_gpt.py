@@ -31,8 +31,15 @@ def corpus(tmp_path_factory) -> Path:
 
 def run_gpt(args: list[str], cwd: Path, env_extra: dict | None = None, **kwargs) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", **(env_extra or {})}
-    return subprocess.Popen([sys.executable, "-m", "train.gpt", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "train.gpt", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kwargs,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 240) -> str:
@@ -62,8 +69,15 @@ def test_tiny_run_learns(tmp_path, corpus):
 
 
 def test_sigterm_saves_and_resume_is_bit_exact(tmp_path, corpus):
-    common = [*TINY, f"--dataset={corpus}", "--max_iters=30", "--lr_decay_iters=30", "--eval_interval=1000",
-              "--log_interval=2", "--dropout=0.1"]  # fmt: skip
+    common = [
+        *TINY,
+        f"--dataset={corpus}",
+        "--max_iters=30",
+        "--lr_decay_iters=30",
+        "--eval_interval=1000",
+        "--log_interval=2",
+        "--dropout=0.1",
+    ]
     finish(run_gpt([*common, "--out_dir=straight"], tmp_path))
 
     proc = run_gpt([*common, "--out_dir=stopped"], tmp_path)
@@ -130,8 +144,12 @@ def test_resume_evaluates_a_due_iteration_unless_the_checkpoint_was_saved_after_
     manager.save(4, tree, config=info.config, metadata={**info.metadata, "reason": reason})  # as if so saved
     metrics = tmp_path / "run" / "metrics.jsonl"
     before = metrics.read_text().count("val_loss")
-    finish(run_gpt([*TINY, f"--dataset={corpus}", "--out_dir=run", "--init_from=resume", "--max_iters=4",
-                    "--eval_interval=2"], tmp_path))  # fmt: skip
+    finish(
+        run_gpt(
+            [*TINY, f"--dataset={corpus}", "--out_dir=run", "--init_from=resume", "--max_iters=4", "--eval_interval=2"],
+            tmp_path,
+        )
+    )
     evaluations = [row for line in metrics.read_text().splitlines() if "val_loss" in (row := json.loads(line))]
     assert metrics.read_text().count("val_loss") - before == int(evaluates_again)
     assert not evaluates_again or evaluations[-1]["iter"] == 4
@@ -155,8 +173,13 @@ def test_weight_decay_reaches_matmul_weights_and_embeddings_only():
     params = gpt.init(jax.random.key(0), gpt.GPTConfig(block_size=8, vocab_size=16, n_layer=2, n_head=2, n_embd=8))
     mask = tree.flatten(optim.resolve_mask(decays, params))
     assert sorted(p for p, on in mask.items() if on) == [
-        "blocks.attn.proj.w", "blocks.attn.qkv.w", "blocks.mlp.fc.w", "blocks.mlp.proj.w", "wpe.w", "wte.w",
-    ]  # fmt: skip
+        "blocks.attn.proj.w",
+        "blocks.attn.qkv.w",
+        "blocks.mlp.fc.w",
+        "blocks.mlp.proj.w",
+        "wpe.w",
+        "wte.w",
+    ]
 
 
 def test_init_from_a_hugging_face_directory_fine_tunes_it(tmp_path, corpus):
@@ -167,8 +190,19 @@ def test_init_from_a_hugging_face_directory_fine_tunes_it(tmp_path, corpus):
 
     config = gpt.GPTConfig(block_size=32, vocab_size=128, n_layer=2, n_head=2, n_embd=32, bias=True, gelu="tanh")
     gpt_hf.save(gpt.init(jax.random.key(0), config), config, tmp_path / "hf")
-    out = finish(run_gpt([*TINY, f"--dataset={corpus}", f"--init_from={tmp_path / 'hf'}", "--out_dir=ft",
-                          "--max_iters=4", "--eval_interval=1000"], tmp_path))  # fmt: skip
+    out = finish(
+        run_gpt(
+            [
+                *TINY,
+                f"--dataset={corpus}",
+                f"--init_from={tmp_path / 'hf'}",
+                "--out_dir=ft",
+                "--max_iters=4",
+                "--eval_interval=1000",
+            ],
+            tmp_path,
+        )
+    )
     params, info = checkpoint.restore(tmp_path / "ft" / "ckpt_00000004.msgpack", subtree="params")
     assert info.config["model"]["vocab_size"] == 128 and info.config["model"]["gelu"] == "tanh", out
     assert params["wte"]["w"].shape == (128, 32)
@@ -201,8 +235,19 @@ def test_a_diverging_float16_run_stops_with_an_error_and_logs_strict_json(tmp_pa
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as e:
-        gpt.main([*TINY, f"--dataset={corpus}", "--out_dir=run", "--dtype=float16", "--decay_lr=false",
-                  "--learning_rate=1e4", "--max_bad_steps=4", "--log_interval=1", "--eval_interval=1000"])  # fmt: skip
+        gpt.main(
+            [
+                *TINY,
+                f"--dataset={corpus}",
+                "--out_dir=run",
+                "--dtype=float16",
+                "--decay_lr=false",
+                "--learning_rate=1e4",
+                "--max_bad_steps=4",
+                "--log_interval=1",
+                "--eval_interval=1000",
+            ]
+        )
     assert "had a non-finite loss or gradients and were skipped" in str(e.value) and "diverged" in str(e.value)
     text = (tmp_path / "run" / "metrics.jsonl").read_text()
     assert "NaN" not in text and "Infinity" not in text
@@ -213,8 +258,9 @@ def test_a_diverging_float16_run_stops_with_an_error_and_logs_strict_json(tmp_pa
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_while_starting_up_exits_cleanly(tmp_path, corpus, signum):
     """Sent while the program prepares its data (nothing trained yet): one line, status 128 + signal, no traceback."""
-    proc = run_gpt([*TINY, f"--dataset={corpus}", "--out_dir=out", "--peak_flops=0"], tmp_path,
-                   env_extra={"PYTHONUNBUFFERED": "1"})  # fmt: skip
+    proc = run_gpt(
+        [*TINY, f"--dataset={corpus}", "--out_dir=out", "--peak_flops=0"], tmp_path, env_extra={"PYTHONUNBUFFERED": "1"}
+    )
     lines = []
     for line in proc.stdout:
         lines.append(line)

@@ -12,9 +12,15 @@ from train import run
 
 @pytest.mark.parametrize(
     "name, platform, expected",
-    [("auto", "cpu", "float32"), ("auto", "gpu", "bfloat16"), ("auto", "tpu", "bfloat16"),
-     ("float32", "gpu", "float32"), ("float16", "cpu", "float16"), ("bfloat16", "cpu", "bfloat16")],
-)  # fmt: skip
+    [
+        ("auto", "cpu", "float32"),
+        ("auto", "gpu", "bfloat16"),
+        ("auto", "tpu", "bfloat16"),
+        ("float32", "gpu", "float32"),
+        ("float16", "cpu", "float16"),
+        ("bfloat16", "cpu", "bfloat16"),
+    ],
+)
 def test_auto_compute_dtype_by_platform(name, platform, expected):
     assert resolve_compute_dtype(name, platform) == expected
 
@@ -53,8 +59,18 @@ def test_train_gpt_resolves_auto_once_prints_and_records_it(tmp_path, monkeypatc
     corpus.write_text("\n".join(topics[k] for k in sorted(topics))[:20_000])
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(jax, "default_backend", lambda: platform)
-    gpt.main(["--config=gpt_tiny", "--progress=false", "--peak_flops=1e11", f"--dataset={corpus}", "--out_dir=run",
-              "--max_iters=1", "--eval_interval=1", "--eval_iters=1"])  # fmt: skip
+    gpt.main(
+        [
+            "--config=gpt_tiny",
+            "--progress=false",
+            "--peak_flops=1e11",
+            f"--dataset={corpus}",
+            "--out_dir=run",
+            "--max_iters=1",
+            "--eval_interval=1",
+            "--eval_iters=1",
+        ]
+    )
     assert f"dtype: {expected} compute, float32 params, on {platform}" in capsys.readouterr().out
     info = checkpoint.read_metadata(tmp_path / "run" / "ckpt_00000001.msgpack")
     assert info.config["train"]["dtype"] == expected

@@ -23,9 +23,14 @@ def fake_step(losses: dict[int, float] | None = None):
 
     def step(state, it):
         loss = (losses or {}).get(it, 1.0 / (it + 1))
-        metrics = {"loss": jnp.float32(loss), "grad_norm": jnp.float32(2.0), "learning_rate": jnp.float32(1e-3),
-                   "loss_scale": jnp.float32(2.0**15), "skipped": jnp.bool_(not math.isfinite(loss)),
-                   "accuracy": jnp.float32(0.5)}  # fmt: skip
+        metrics = {
+            "loss": jnp.float32(loss),
+            "grad_norm": jnp.float32(2.0),
+            "learning_rate": jnp.float32(1e-3),
+            "loss_scale": jnp.float32(2.0**15),
+            "skipped": jnp.bool_(not math.isfinite(loss)),
+            "accuracy": jnp.float32(0.5),
+        }
         return state + 1, metrics
 
     return step
@@ -52,9 +57,16 @@ def test_cadence_rows_and_plain_lines_without_a_terminal(tmp_path, capsys):
     assert [(it, reason) for it, reason, *_ in saves] == [(5, "eval"), (10, "end")]
     rows = strict_rows(tmp_path / "metrics.jsonl")
     assert [r["iter"] for r in rows] == [5, 10]
-    assert rows[1] | {"ms_per_iter": 0} == {"iter": 10, "loss": pytest.approx(0.1), "lr": pytest.approx(1e-3),
-                                          "grad_norm": 2.0, "loss_scale": 2.0**15, "skipped": 0, "ms_per_iter": 0,
-                                          "accuracy": 0.5}  # fmt: skip
+    assert rows[1] | {"ms_per_iter": 0} == {
+        "iter": 10,
+        "loss": pytest.approx(0.1),
+        "lr": pytest.approx(1e-3),
+        "grad_norm": 2.0,
+        "loss_scale": 2.0**15,
+        "skipped": 0,
+        "ms_per_iter": 0,
+        "accuracy": 0.5,
+    }
     out = capsys.readouterr().out  # not a terminal: no bar, a plain line every log_interval instead
     assert "compiled and ran the first step" in out and "iter 5: loss 0.2000, lr 1.00e-03, skipped 0" in out
     assert "\r" not in out and "saved" in out

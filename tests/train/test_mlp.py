@@ -20,5 +20,6 @@ def test_without_scikit_learn_a_clear_error(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", hide_sklearn)
     with pytest.raises(SystemExit) as e:
         train_mlp.main(["--epochs=1"])
-    assert str(e.value) == ("error: the 8x8 digits: the 'sklearn' package is not installed; install it with "
-                            "`pip install scikit-learn`")  # fmt: skip
+    assert str(e.value) == (
+        "error: the 8x8 digits: the 'sklearn' package is not installed; install it with `pip install scikit-learn`"
+    )

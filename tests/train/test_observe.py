@@ -37,8 +37,14 @@ def rows(out_dir: Path) -> list[dict]:
 def run_gpt(args: list[str], cwd: Path) -> str:
     """A fresh process (JAX opens its cache once per process), with none of the test session's cache settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT"))}
-    proc = subprocess.run([sys.executable, "-m", "train.gpt", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**env, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "train.gpt", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**env, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"},
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
 
@@ -101,8 +107,14 @@ def test_a_malformed_profile_is_a_one_line_error_naming_the_key():
 
 def test_help_lists_the_shared_settings_after_the_programs_own():
     names = [row[0] for row in config_lib.describe(gpt.TrainConfig)]
-    assert names[0] == "out_dir" and names[-6:] == ["compile_cache", "profile", "tensorboard", "wandb_log",
-                                                   "wandb_project", "wandb_run_name"]  # fmt: skip
+    assert names[0] == "out_dir" and names[-6:] == [
+        "compile_cache",
+        "profile",
+        "tensorboard",
+        "wandb_log",
+        "wandb_project",
+        "wandb_run_name",
+    ]
 
 
 def test_how_a_run_is_watched_is_never_taken_from_the_checkpoint():
@@ -188,14 +200,26 @@ def test_tensorboard_and_wandb_hold_the_rows_of_metrics_jsonl(tmp_path, corpus, 
     for where in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):  # nothing in the home directory
         monkeypatch.setenv(where, str(tmp_path / where.lower()))
     out = tmp_path / "out"
-    gpt.main([*TINY, f"--dataset={corpus}", f"--out_dir={out}", "--max_iters=3", "--eval_interval=2",
-              f"--tensorboard={installed['tensorboard']}", f"--wandb_log={installed['wandb']}",
-              "--wandb_project=tests", "--wandb_run_name=tiny"])  # fmt: skip
+    gpt.main(
+        [
+            *TINY,
+            f"--dataset={corpus}",
+            f"--out_dir={out}",
+            "--max_iters=3",
+            "--eval_interval=2",
+            f"--tensorboard={installed['tensorboard']}",
+            f"--wandb_log={installed['wandb']}",
+            "--wandb_project=tests",
+            "--wandb_run_name=tiny",
+        ]
+    )
     logged = [r for r in rows(out) if "iter" in r]
     assert {r["iter"] for r in logged} == {0, 1, 2, 3} and any("val_loss" in r for r in logged)
     assert "cache_hits" in logged[-1]  # the compile counts too, at the last iteration
-    read_back = {"tensorboard": lambda: tensorboard_scalars(out / "tensorboard"),
-                 "wandb": lambda: wandb_history(out, "tests", "tiny")}  # fmt: skip
+    read_back = {
+        "tensorboard": lambda: tensorboard_scalars(out / "tensorboard"),
+        "wandb": lambda: wandb_history(out, "tests", "tiny"),
+    }
     for package, read in read_back.items():
         if not installed[package]:
             continue

@@ -20,8 +20,16 @@ from train import data as data_lib
 from train.gpt import TrainConfig
 from train.parallel import Devices
 
-COMMON = [*TINY, "--lr_decay_iters=12", "--warmup_iters=2", "--eval_interval=4", "--eval_iters=1",
-          "--log_interval=4", "--batch_size=8", "--n_head=4"]  # no dropout: sharded masks differ by design  # fmt: skip
+COMMON = [
+    *TINY,
+    "--lr_decay_iters=12",
+    "--warmup_iters=2",
+    "--eval_interval=4",
+    "--eval_iters=1",
+    "--log_interval=4",
+    "--batch_size=8",
+    "--n_head=4",
+]  # no dropout: sharded masks differ by design
 
 
 def assert_same_state(got, want, what: str, atol: float = 2e-6) -> None:
@@ -85,8 +93,9 @@ def launch_gpt(args: list[str], cwd, devices_per_process: int) -> tuple[list[lau
     and their outputs as one text, once both exited 0."""
     cache = {k: v for k, v in os.environ.items() if k.startswith("JAX_COMPILATION_CACHE")}  # never the user's
     env = {"PUREJAX_HEARTBEAT_TIMEOUT": "20", "PYTHONPATH": str(ROOT), **cache}
-    results = launch.launch(["-m", "train.gpt", *args], 2, timeout=300,
-                            devices_per_process=devices_per_process, cwd=cwd, env=env)  # fmt: skip
+    results = launch.launch(
+        ["-m", "train.gpt", *args], 2, timeout=300, devices_per_process=devices_per_process, cwd=cwd, env=env
+    )
     outputs = "\n".join(f"--- process {r.process_id}: {r.returncode}\n{r.output}" for r in results)
     assert [r.returncode for r in results] == [0, 0], outputs
     return results, outputs

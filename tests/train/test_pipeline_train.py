@@ -26,8 +26,16 @@ from train import config as config_lib
 from train.gpt import TrainConfig
 
 PIPELINE_ATOL = 2e-5  # a fiftieth of a step: see assert_ring_params_close
-COMMON = [*TINY, "--n_layer=4", "--lr_decay_iters=12", "--warmup_iters=2", "--eval_interval=4", "--eval_iters=1",
-          "--log_interval=4", "--batch_size=8"]  # fmt: skip
+COMMON = [
+    *TINY,
+    "--n_layer=4",
+    "--lr_decay_iters=12",
+    "--warmup_iters=2",
+    "--eval_interval=4",
+    "--eval_iters=1",
+    "--log_interval=4",
+    "--batch_size=8",
+]
 
 
 def assert_ring_params_close(got, want, what: str) -> None:

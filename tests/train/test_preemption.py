@@ -20,16 +20,29 @@ pytestmark = pytest.mark.slow
 # JAX's notifier looks for a SIGTERM once a second, so the run is long enough (several seconds even on a fast
 # machine) that the notice always lands while it trains; a run that ended first would have nothing to stop.
 ITERS = 400
-COMMON = [*TINY, f"--max_iters={ITERS}", "--lr_decay_iters=60", "--eval_interval=1000", "--eval_iters=1",
-          "--log_interval=1", "--n_layer=1", "--compile_cache=off"]  # fmt: skip
+COMMON = [
+    *TINY,
+    f"--max_iters={ITERS}",
+    "--lr_decay_iters=60",
+    "--eval_interval=1000",
+    "--eval_iters=1",
+    "--log_interval=1",
+    "--n_layer=1",
+    "--compile_cache=off",
+]
 
 
 def start_processes(n: int, args: list[str], cwd: Path, port: int) -> list[subprocess.Popen]:
     """`n` processes of `python -m train.gpt --dp=n`, joined through the environment."""
     procs = []
     for i in range(n):
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "PUREJAX_COORDINATOR": f"127.0.0.1:{port}",
-               "PUREJAX_NUM_PROCESSES": str(n), "PUREJAX_PROCESS_ID": str(i)}  # fmt: skip
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "PUREJAX_COORDINATOR": f"127.0.0.1:{port}",
+            "PUREJAX_NUM_PROCESSES": str(n),
+            "PUREJAX_PROCESS_ID": str(i),
+        }
         command = [sys.executable, "-m", "train.gpt", f"--dp={n}", *args]
         procs.append(subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     return procs
@@ -85,8 +98,20 @@ def test_sigterm_to_the_launcher_stops_its_processes_with_one_checkpoint(tmp_pat
     """The reliability campaign's command: under `purejax.parallel.launch`, SIGTERM once ran on for ten
     minutes without a checkpoint."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "purejax.parallel.launch", "--num_processes=2", "--timeout=300", "--",
-               "-m", "train.gpt", "--dp=2", *COMMON, f"--dataset={corpus}", "--out_dir=stopped"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "purejax.parallel.launch",
+        "--num_processes=2",
+        "--timeout=300",
+        "--",
+        "-m",
+        "train.gpt",
+        "--dp=2",
+        *COMMON,
+        f"--dataset={corpus}",
+        "--out_dir=stopped",
+    ]
     launcher = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     wait_for_training(tmp_path / "stopped" / "metrics.jsonl", [launcher])
     launcher.send_signal(signal.SIGTERM)

@@ -32,8 +32,10 @@ def test_the_data_fingerprint_names_what_differs():
     assert resume.check_data(saved, same, "data/x") is None
     with pytest.raises(SystemExit) as e:
         resume.check_data(saved, {**same, "tokenizer": {"kind": "char", "vocab_size": 109}}, "data/x")
-    assert ("tokenizer: the checkpoint was trained on kind char, vocab_size 108, data/x has kind char, vocab_size 109"
-            in str(e.value)) and "train.bin" not in str(e.value)  # fmt: skip
+    assert (
+        "tokenizer: the checkpoint was trained on kind char, vocab_size 108, data/x has kind char, vocab_size 109"
+        in str(e.value)
+    ) and "train.bin" not in str(e.value)
     resume.check_data(None, same, "data/x", say=pytest.fail)  # not resuming: nothing to check
     said = []
     resume.check_data({}, same, "data/x", say=said.append)

@@ -23,8 +23,9 @@ def test_a_padded_vocabulary_is_never_sampled(tmp_path):
     assert int(jnp.argmax(gpt.apply(params, jnp.zeros((1, 1), jnp.int32), config)[0, -1])) >= 5
     save_tokenizer(tokenizer, tmp_path / "tokenizer.json")
     checkpoint.CheckpointManager(tmp_path).save(1, {"params": params}, config={"model": dataclasses.asdict(config)})
-    texts = sample.main([f"--out_dir={tmp_path}", "--start=a", "--num_samples=3", "--max_new_tokens=20",
-                         "--temperature=2.0"])  # fmt: skip
+    texts = sample.main(
+        [f"--out_dir={tmp_path}", "--start=a", "--num_samples=3", "--max_new_tokens=20", "--temperature=2.0"]
+    )
     assert len(texts) == 3 and all(len(t) == 21 and set(t) <= set("abcde") for t in texts)
 
 
@@ -34,8 +35,11 @@ def tiny_run(tmp_path, tree=None, config=True, steps=(1,)):
     save_tokenizer(CharTokenizer(tuple("abcde")), tmp_path / "tokenizer.json")
     manager = checkpoint.CheckpointManager(tmp_path)
     for step in steps:
-        manager.save(step, tree or {"params": gpt.init(jax.random.key(step), model)},
-                     config={"model": dataclasses.asdict(model)} if config else None)  # fmt: skip
+        manager.save(
+            step,
+            tree or {"params": gpt.init(jax.random.key(step), model)},
+            config={"model": dataclasses.asdict(model)} if config else None,
+        )
     return manager
 
 

@@ -22,7 +22,25 @@ from train.data.prepare import prepare, split_point, text_sha256
 from train.data.tokenizers import ByteTokenizer, CharTokenizer, Tokenizer, load_tokenizer, make_tokenizer
 
 __all__ = [
-    "SEPARATOR", "STDLIB_MODULES", "TEXT_EXTENSIONS", "ByteTokenizer", "CharTokenizer", "Dataset", "Source",
-    "Tokenizer", "batches", "ensure_dataset", "fingerprint", "get_batch", "load_tokenizer", "make_tokenizer",
-    "open_dataset", "prefetch", "prepare", "read_source", "split_point", "stdlib_corpus", "text_sha256",
-]  # fmt: skip
+    "SEPARATOR",
+    "STDLIB_MODULES",
+    "TEXT_EXTENSIONS",
+    "ByteTokenizer",
+    "CharTokenizer",
+    "Dataset",
+    "Source",
+    "Tokenizer",
+    "batches",
+    "ensure_dataset",
+    "fingerprint",
+    "get_batch",
+    "load_tokenizer",
+    "make_tokenizer",
+    "open_dataset",
+    "prefetch",
+    "prepare",
+    "read_source",
+    "split_point",
+    "stdlib_corpus",
+    "text_sha256",
+]

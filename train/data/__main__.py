@@ -20,10 +20,12 @@ def main(argv: list[str] | None = None) -> dict:
         prog="python -m train.data", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--input", type=Path, default=None,
+        "--input",
+        type=Path,
+        default=None,
         help=f"a text file, or a directory whose {' '.join(TEXT_EXTENSIONS)} files are read in sorted order "
         "(default: the built-in corpus)",
-    )  # fmt: skip
+    )
     parser.add_argument("--tokenizer", choices=("char", "byte"), default="char")
     parser.add_argument("--out_dir", type=Path, default=None, help="default: data/stdlib or data/<input name>")
     args = parser.parse_args(argv)

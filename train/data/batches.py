@@ -39,8 +39,13 @@ def get_batch(
             loads (`purejax.parallel.local_rows`). The draw is the whole batch's, so the rows are the same
             whichever process reads them; only their windows are read from `data`.
     """
-    for name, value, least in (("batch_size", batch_size, 1), ("block_size", block_size, 1),
-                               ("seed", seed, 0), ("step", step, 0), ("stream", stream, 0)):  # fmt: skip
+    for name, value, least in (
+        ("batch_size", batch_size, 1),
+        ("block_size", block_size, 1),
+        ("seed", seed, 0),
+        ("step", step, 0),
+        ("stream", stream, 0),
+    ):
         if int(value) != value or value < least:
             raise ValueError(f"get_batch: {name} must be an integer >= {least}, got {value!r}")
     if block_size >= len(data):

@@ -22,21 +22,64 @@ SEPARATOR = "\n\n"
 # anything under a hidden ('.'-prefixed) file or folder, such as .git, are skipped. A file named directly
 # is always read, whatever its extension.
 TEXT_EXTENSIONS = (
-    ".txt", ".text", ".md", ".rst", ".org", ".tex",
-    ".csv", ".tsv", ".json", ".jsonl", ".yaml", ".yml", ".toml", ".ini", ".cfg",
-    ".html", ".htm", ".xml",
-    ".py", ".c", ".h", ".cc", ".cpp", ".hpp", ".java", ".js", ".ts", ".go", ".rs", ".sh",
-)  # fmt: skip
+    ".txt",
+    ".text",
+    ".md",
+    ".rst",
+    ".org",
+    ".tex",
+    ".csv",
+    ".tsv",
+    ".json",
+    ".jsonl",
+    ".yaml",
+    ".yml",
+    ".toml",
+    ".ini",
+    ".cfg",
+    ".html",
+    ".htm",
+    ".xml",
+    ".py",
+    ".c",
+    ".h",
+    ".cc",
+    ".cpp",
+    ".hpp",
+    ".java",
+    ".js",
+    ".ts",
+    ".go",
+    ".rs",
+    ".sh",
+)
 
 # The standard-library modules whose source completes the default corpus, after `pydoc_data.topics`.
 # Chosen to exist, as plain source files, in every CPython from 3.8 to 3.13 at least, and to be nearly
 # all ASCII (shlex, with a table of Latin-1 letters, is left out to keep the character vocabulary small).
 # Never change this list casually: it defines the default dataset.
 STDLIB_MODULES = (
-    "argparse", "bisect", "collections", "contextlib", "copy", "dataclasses", "difflib", "fnmatch",
-    "fractions", "functools", "glob", "heapq", "json", "pprint", "queue", "random", "sched", "statistics",
-    "string", "textwrap",
-)  # fmt: skip
+    "argparse",
+    "bisect",
+    "collections",
+    "contextlib",
+    "copy",
+    "dataclasses",
+    "difflib",
+    "fnmatch",
+    "fractions",
+    "functools",
+    "glob",
+    "heapq",
+    "json",
+    "pprint",
+    "queue",
+    "random",
+    "sched",
+    "statistics",
+    "string",
+    "textwrap",
+)
 
 
 class Source(NamedTuple):

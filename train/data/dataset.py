@@ -81,10 +81,13 @@ def fingerprint(dataset: Dataset) -> dict[str, dict]:
     ids differ) and each token file's size and CRC-32 (reading both files once, about a second per GB)."""
     tokenizer = json.dumps(dataset.tokenizer.to_json(), sort_keys=True).encode()
     return {
-        "tokenizer": {"kind": dataset.tokenizer.kind, "vocab_size": dataset.tokenizer.vocab_size,
-                      "sha256": hashlib.sha256(tokenizer).hexdigest()[:16]},
+        "tokenizer": {
+            "kind": dataset.tokenizer.kind,
+            "vocab_size": dataset.tokenizer.vocab_size,
+            "sha256": hashlib.sha256(tokenizer).hexdigest()[:16],
+        },
         **{name: _file_fingerprint(dataset.path / name) for name in ("train.bin", "val.bin")},
-    }  # fmt: skip
+    }
 
 
 def _file_fingerprint(path: Path) -> dict[str, int | str]:

@@ -49,8 +49,9 @@ def check_writable(out_dir: str | Path, what: str = "the dataset") -> Path:
         probe.unlink()
     except OSError as e:
         reason = e.strerror or e
-        raise OSError(f"cannot write {what} to out_dir {str(out_dir)!r} (it is not writable: {reason}); "
-                      f"choose another --out_dir") from None  # fmt: skip
+        raise OSError(
+            f"cannot write {what} to out_dir {str(out_dir)!r} (it is not writable: {reason}); choose another --out_dir"
+        ) from None
     return out_dir
 
 

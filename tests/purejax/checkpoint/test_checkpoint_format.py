@@ -44,8 +44,16 @@ def test_file_is_a_sequence_of_msgpack_objects_as_specified(tmp_path):
     preamble, header, *records = objects
     assert preamble[:2] == ["purejax.checkpoint", 1]
     assert list(header) == [
-        "purejax_version", "created", "step", "config", "metadata", "byte_order", "chunk_bytes", "tree", "leaves",
-    ]  # fmt: skip
+        "purejax_version",
+        "created",
+        "step",
+        "config",
+        "metadata",
+        "byte_order",
+        "chunk_bytes",
+        "tree",
+        "leaves",
+    ]
     assert (header["step"], header["config"], header["metadata"]) == (3, {"x": [1, 2]}, {"m": 1.5})
     assert [leaf["path"] for leaf in header["leaves"]] == ["a", "b.0", "c"]
     # 40 bytes in chunks of 16: 16, 16, 8; 8 bytes: one record; an empty array: none.
@@ -136,9 +144,15 @@ def _header(chunk_bytes: int = 64, **leaf) -> dict:
     entry = {"path": "w", "dtype": "float32", "shape": [2], "nbytes": 8, "crc32": bytes(4), "key_impl": None, **leaf}
     tree = {"kind": "dict", "keys": ["w"], "children": [{"kind": "leaf", "index": 0}]}
     return header_lib.header_dict(
-        purejax_version="x", created="x", step=None, config=None, metadata={}, chunk_bytes=chunk_bytes, tree=tree,
+        purejax_version="x",
+        created="x",
+        step=None,
+        config=None,
+        metadata={},
+        chunk_bytes=chunk_bytes,
+        tree=tree,
         leaves=[entry],
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize(
@@ -189,8 +203,13 @@ def test_foreign_reader_in_the_spec_reads_a_purejax_file_without_purejax_or_jax(
     got = dict(np.load(tmp_path / "out.npz"))
     assert sorted(got) == ["blocks.0.x", "blocks.1.0", "blocks.1.1", "f8", "key", "q", "w"]
     expected = {
-        "w": tree["w"], "q": tree["q"], "f8": tree["f8"], "key": jax.random.key_data(tree["key"]),
-        "blocks.0.x": tree["blocks"][0]["x"], "blocks.1.0": np.complex64(1 + 2j), "blocks.1.1": np.bool_(True),
-    }  # fmt: skip
+        "w": tree["w"],
+        "q": tree["q"],
+        "f8": tree["f8"],
+        "key": jax.random.key_data(tree["key"]),
+        "blocks.0.x": tree["blocks"][0]["x"],
+        "blocks.1.0": np.complex64(1 + 2j),
+        "blocks.1.1": np.bool_(True),
+    }
     for name, leaf in expected.items():
         assert got[name].tobytes() == np.asarray(leaf).tobytes(), name

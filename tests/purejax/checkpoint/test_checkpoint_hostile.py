@@ -40,10 +40,16 @@ def one_leaf(chunk_bytes: int = 64, **entry) -> dict:
     """A header with one leaf "w" (by default float32[2], one record), overridden by `entry`."""
     leaf = {"path": "w", "dtype": "float32", "shape": [2], "nbytes": 8, "crc32": bytes(4), "key_impl": None, **entry}
     return {
-        "purejax_version": "0", "created": "", "step": None, "config": None, "metadata": {}, "byte_order": "little",
-        "chunk_bytes": chunk_bytes, "tree": {"kind": "dict", "keys": ["w"], "children": [{"kind": "leaf", "index": 0}]},
+        "purejax_version": "0",
+        "created": "",
+        "step": None,
+        "config": None,
+        "metadata": {},
+        "byte_order": "little",
+        "chunk_bytes": chunk_bytes,
+        "tree": {"kind": "dict", "keys": ["w"], "children": [{"kind": "leaf", "index": 0}]},
         "leaves": [leaf],
-    }  # fmt: skip
+    }
 
 
 def refused(path: Path, match: str, leaf: str | None = "w", seconds: float = 1.0) -> None:
@@ -129,9 +135,12 @@ def test_a_tree_nested_too_deep_is_refused(tmp_path):
 
 @pytest.mark.parametrize(
     "dtype, byte, match",
-    [("bool", 2, "bool holds only 0 and 1"), ("int4", 0xF7, "int4 holds its value in the low 4 bits"),
-     ("float4_e2m1fn", 0x10, "float4_e2m1fn holds its value in the low 4 bits")],
-)  # fmt: skip
+    [
+        ("bool", 2, "bool holds only 0 and 1"),
+        ("int4", 0xF7, "int4 holds its value in the low 4 bits"),
+        ("float4_e2m1fn", 0x10, "float4_e2m1fn holds its value in the low 4 bits"),
+    ],
+)
 def test_bytes_outside_a_narrow_dtype_are_refused(tmp_path, dtype, byte, match):
     data = bytes([1, 0, byte, 1])
     header = one_leaf(dtype=dtype, shape=[4], nbytes=4, crc32=zlib.crc32(data).to_bytes(4, "little"))
@@ -177,9 +186,14 @@ def test_an_io_error_while_reading_is_a_checkpoint_error(tmp_path, monkeypatch):
 # succeed or raise CheckpointError, quickly.
 
 scalars = (
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=6)
-    | st.binary(max_size=12) | st.sampled_from(["float32", "bool", "int4", "leaf", "dict", "list", "threefry2x32"])
-)  # fmt: skip
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=6)
+    | st.binary(max_size=12)
+    | st.sampled_from(["float32", "bool", "int4", "leaf", "dict", "list", "threefry2x32"])
+)
 values = st.recursive(
     scalars,
     lambda children: (

@@ -99,8 +99,13 @@ def test_scalars_round_trip_and_take_the_template_type(tmp_path):
     checkpoint.save(tmp_path / "f", tree)
     loose = checkpoint.restore(tmp_path / "f").tree
     assert {k: v.dtype.name for k, v in loose.items()} == {
-        "int": "int64", "float": "float64", "bool": "bool", "complex": "complex128", "np": "float32", "zero_d": "int8",
-    }  # fmt: skip
+        "int": "int64",
+        "float": "float64",
+        "bool": "bool",
+        "complex": "complex128",
+        "np": "float32",
+        "zero_d": "int8",
+    }
     assert all(v.shape == () for v in loose.values())
     typed = checkpoint.restore(tmp_path / "f", like=tree).tree
     for key, value in tree.items():

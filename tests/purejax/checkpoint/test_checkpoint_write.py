@@ -128,8 +128,9 @@ def test_the_fast_and_the_reference_path_write_the_same_bytes(tmp_path, monkeypa
         "nodes": [None, (np.zeros(0, np.float32), 3, 2.5), {1: jax.random.key(1), 0: np.bool_(True)}],
     }
     fast = checkpoint.save(tmp_path / "fast", tree, step=3, config={"lr": 0.1}, chunk_bytes=chunk_bytes)
-    reference = checkpoint.save(tmp_path / "reference", tree, step=3, config={"lr": 0.1}, chunk_bytes=chunk_bytes,
-                                threads=False)  # fmt: skip
+    reference = checkpoint.save(
+        tmp_path / "reference", tree, step=3, config={"lr": 0.1}, chunk_bytes=chunk_bytes, threads=False
+    )
     assert fast.read_bytes() == reference.read_bytes()
     saved = leaf_bytes(tree)
     assert leaf_bytes(checkpoint.restore(fast, threads=False).tree) == saved

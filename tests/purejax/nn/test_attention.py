@@ -457,7 +457,12 @@ def test_cudnn_equals_xla_in_value_and_gradient_on_a_gpu(n_kv_head):
 
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("model",))
     spec = jax.sharding.PartitionSpec()
-    sharded = jax.shard_map(lambda p, x: attention.apply(p, x, configs["auto"], axis_name="model"), mesh=mesh,
-                            in_specs=(spec, spec), out_specs=spec, check_vma=True)  # fmt: skip
+    sharded = jax.shard_map(
+        lambda p, x: attention.apply(p, x, configs["auto"], axis_name="model"),
+        mesh=mesh,
+        in_specs=(spec, spec),
+        out_specs=spec,
+        check_vma=True,
+    )
     assert "cudnn" in jax.jit(sharded).lower(params, x).as_text()
     assert _relative_error(jax.jit(sharded)(params, x), y) < 1e-2

@@ -102,9 +102,7 @@ def test_cross_device_statistics_under_vmap_equal_the_concatenated_batch():
     rng = np.random.default_rng(4)
     x = jnp.asarray(rng.normal(2.0, 3.0, size=(4, 3, 2, 2, 5)), jnp.float32)  # 4 "devices", 3 images each
     params, state = random_params(5), batch_norm.init_state(5)
-    sharded = jax.vmap(
-        lambda x: batch_norm.apply(params, x, state, train=True, axis_name="data"), axis_name="data"
-    )  # fmt: skip
+    sharded = jax.vmap(lambda x: batch_norm.apply(params, x, state, train=True, axis_name="data"), axis_name="data")
     y, new_state = sharded(x)
     y_single, state_single = batch_norm.apply(params, x.reshape(12, 2, 2, 5), state, train=True)
     np.testing.assert_allclose(y.reshape(12, 2, 2, 5), y_single, rtol=1e-5, atol=1e-5)
@@ -124,8 +122,10 @@ def test_inside_shard_map_on_a_one_device_mesh():
     params, state = random_params(3), batch_norm.init_state(3)
     fn = jax.shard_map(
         lambda x: batch_norm.apply(params, x, state, train=True, axis_name="data"),
-        mesh=mesh, in_specs=P("data"), out_specs=(P("data"), P()),
-    )  # fmt: skip
+        mesh=mesh,
+        in_specs=P("data"),
+        out_specs=(P("data"), P()),
+    )
     y, new_state = jax.jit(fn)(x)
     chex.assert_trees_all_close((y, new_state), batch_norm.apply(params, x, state, train=True), rtol=1e-6, atol=1e-6)
 
@@ -155,7 +155,7 @@ def test_inside_shard_map_across_four_cpu_devices():
     repo = Path(__file__).resolve().parents[3]
     result = subprocess.run(
         [sys.executable, "-c", script], cwd=repo, env=env, capture_output=True, text=True, timeout=120
-    )  # fmt: skip
+    )
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
 
 
@@ -233,8 +233,9 @@ def test_cond_selects_train_or_eval_with_a_traced_flag():
             is_training,
             lambda s, x: batch_norm.apply(params, x, s, train=True),
             lambda s, x: batch_norm.apply(params, x, s, train=False),
-            state, x,
-        )  # fmt: skip
+            state,
+            x,
+        )
 
     for flag in (True, False):
         got = run(jnp.asarray(flag), state, x)

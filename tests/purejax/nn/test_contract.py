@@ -46,17 +46,45 @@ def _modules(package):
 
 
 EVERY = _modules(purejax.nn) + _modules(models)
-LAYERS = [activations, batch_norm, conv, dropout, embedding, initializers, layer_norm, linear, mlp, pooling, rms_norm,
-          stack, mlp_model, mobilenet, mobilenet_config, mobilenet_torch, gated_mlp, rotary, llama,
-          llama_decode]  # fmt: skip
+LAYERS = [
+    activations,
+    batch_norm,
+    conv,
+    dropout,
+    embedding,
+    initializers,
+    layer_norm,
+    linear,
+    mlp,
+    pooling,
+    rms_norm,
+    stack,
+    mlp_model,
+    mobilenet,
+    mobilenet_config,
+    mobilenet_torch,
+    gated_mlp,
+    rotary,
+    llama,
+    llama_decode,
+]
 
 # Synonyms that must not appear as a parameter or config field: the concept's one name is on the right.
 SYNONYMS = {
-    "d": "d_model", "dim": "d_model", "width": "d_model (or width_mult, a multiplier)", "hidden_size": "d_model",
-    "n_heads": "n_head", "num_heads": "n_head", "d_hidden": "d_ff", "hidden_dim": "d_ff",
-    "num_classes": "n_classes", "num_features": "channels", "features": "channels",
-    "dropout_rate": "dropout", "p": "dropout",
-}  # fmt: skip
+    "d": "d_model",
+    "dim": "d_model",
+    "width": "d_model (or width_mult, a multiplier)",
+    "hidden_size": "d_model",
+    "n_heads": "n_head",
+    "num_heads": "n_head",
+    "d_hidden": "d_ff",
+    "hidden_dim": "d_ff",
+    "num_classes": "n_classes",
+    "num_features": "channels",
+    "features": "channels",
+    "dropout_rate": "dropout",
+    "p": "dropout",
+}
 
 
 def _functions(module):
@@ -69,8 +97,11 @@ def _functions(module):
 
 
 def _configs(module):
-    return [c for c in vars(module).values()
-            if isinstance(c, type) and dataclasses.is_dataclass(c) and c.__module__ == module.__name__]  # fmt: skip
+    return [
+        c
+        for c in vars(module).values()
+        if isinstance(c, type) and dataclasses.is_dataclass(c) and c.__module__ == module.__name__
+    ]
 
 
 def _where(module, name):

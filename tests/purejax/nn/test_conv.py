@@ -91,9 +91,14 @@ def test_depthwise_matches_numpy_and_lax(name, jit, impl):
     pads = kwargs["padding"]
     pads = ((pads, pads), (pads, pads)) if isinstance(pads, int) else pads
     lax_y = jax.lax.conv_general_dilated(
-        x, params["w"], kwargs["stride"], pads, rhs_dilation=kwargs["dilation"],
-        dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=kwargs["groups"],
-    )  # fmt: skip
+        x,
+        params["w"],
+        kwargs["stride"],
+        pads,
+        rhs_dilation=kwargs["dilation"],
+        dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        feature_group_count=kwargs["groups"],
+    )
     np.testing.assert_allclose(y, lax_y, rtol=1e-5, atol=1e-5)
 
 

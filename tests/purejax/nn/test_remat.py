@@ -15,8 +15,9 @@ from purejax.nn import remat
 GPT = gpt.GPTConfig(
     block_size=16, vocab_size=40, n_layer=3, n_head=2, n_embd=32, dropout=0.1, bias=False, layers="scan"
 )
-DIT = dit.DiTConfig(input_size=8, patch_size=2, in_channels=1, d_model=32, n_layer=2, n_head=2, n_classes=3,
-                    learn_sigma=False)  # fmt: skip
+DIT = dit.DiTConfig(
+    input_size=8, patch_size=2, in_channels=1, d_model=32, n_layer=2, n_head=2, n_classes=3, learn_sigma=False
+)
 
 
 @functools.cache  # each baseline is compiled once
@@ -41,10 +42,14 @@ def dit_grads(config: dit.DiTConfig):
 
 @pytest.mark.parametrize(
     "grads, config, choice",
-    [(gpt_grads, GPT, "block"), (gpt_grads, dataclasses.replace(GPT, layers="loop"), "dots_saveable"),
-     (dit_grads, DIT, "block"), (dit_grads, dataclasses.replace(DIT, layers="loop"), "nothing_saveable")],
+    [
+        (gpt_grads, GPT, "block"),
+        (gpt_grads, dataclasses.replace(GPT, layers="loop"), "dots_saveable"),
+        (dit_grads, DIT, "block"),
+        (dit_grads, dataclasses.replace(DIT, layers="loop"), "nothing_saveable"),
+    ],
     ids=["gpt-scan-block", "gpt-loop-dots_saveable", "dit-scan-block", "dit-loop-nothing_saveable"],
-)  # fmt: skip
+)
 def test_gpt_and_dit_compute_the_same_numbers_with_remat(grads, config, choice):
     loss, g = grads(config)
     loss_r, g_r = grads(dataclasses.replace(config, remat=choice))

@@ -203,9 +203,17 @@ def test_state_is_named_holds_each_leaf_once_and_checkpoints(tmp_path):
     names = [leaf.path for leaf in checkpoint.read_metadata(tmp_path / "muon.msgpack").leaves]
     adam_leaves = ["blocks.b", "blocks.ln.scale", "ln_f.scale", "proj.b", "wte.w"]
     assert sorted(names) == sorted(
-        ["muon.count", "muon.mu.blocks.w", "muon.mu.proj.w", "adam.count", "lr.count", "lr.learning_rate",
-         "lr_adam.learning_rate"] + [f"adam.{m}.{p}" for m in ("mu", "nu") for p in adam_leaves]
-    )  # fmt: skip
+        [
+            "muon.count",
+            "muon.mu.blocks.w",
+            "muon.mu.proj.w",
+            "adam.count",
+            "lr.count",
+            "lr.learning_rate",
+            "lr_adam.learning_rate",
+        ]
+        + [f"adam.{m}.{p}" for m in ("mu", "nu") for p in adam_leaves]
+    )
     restored, _ = checkpoint.restore(tmp_path / "muon.msgpack", like=state)
     jax.tree_util.tree_map(np.testing.assert_array_equal, restored, state)
     jax.tree_util.tree_map(np.testing.assert_array_equal, step(grads, restored, params), step(grads, state, params))

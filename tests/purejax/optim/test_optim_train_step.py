@@ -213,8 +213,9 @@ def test_grad_reduce_runs_once_per_step_and_makes_data_parallel_equal_the_whole_
     halves = jax.tree_util.tree_map(lambda x: x.reshape(2, -1, *x.shape[1:]), BATCH)
     got, metrics = jax.jit(jax.vmap(step, in_axes=(None, 0), axis_name="data"))(state, halves)
     assert len(calls) == 1
-    jax.tree_util.tree_map(lambda g, w: np.testing.assert_allclose(g, np.stack([w, w]), rtol=1e-5, atol=1e-7),
-                           got.params, want.params)  # fmt: skip
+    jax.tree_util.tree_map(
+        lambda g, w: np.testing.assert_allclose(g, np.stack([w, w]), rtol=1e-5, atol=1e-7), got.params, want.params
+    )
     np.testing.assert_allclose(metrics["grad_norm"], [want_metrics["grad_norm"]] * 2, rtol=1e-5)
 
 

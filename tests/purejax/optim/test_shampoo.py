@@ -44,8 +44,22 @@ def ref_root(a, p, eps):
     return (v * (np.maximum(w, 0) + eps * w.max()) ** (-1.0 / p)) @ v.T
 
 
-def ref_shampoo(grads, *, block_size, precondition_every, start_preconditioning_step, max_dim, stacked, graft,
-                b1=0.9, b2=0.999, eps=1e-8, stats_decay=0.999, matrix_eps=1e-5, inverse_root=4):  # fmt: skip
+def ref_shampoo(
+    grads,
+    *,
+    block_size,
+    precondition_every,
+    start_preconditioning_step,
+    max_dim,
+    stacked,
+    graft,
+    b1=0.9,
+    b2=0.999,
+    eps=1e-8,
+    stats_decay=0.999,
+    matrix_eps=1e-5,
+    inverse_root=4,
+):
     """The updates of every step, for `grads` a {path: (steps, *shape)} dict."""
     steps = next(iter(grads.values())).shape[0]
     mu = {k: 0.0 for k in grads}
@@ -419,8 +433,11 @@ def fsdp_check(mesh) -> dict:
     counts = executed_collectives(hlo, {"data": 8, "model": 1})
     bad = optim.scale_by_shampoo(**{**settings, "block_size": 8}, axis_name="data", param_specs=specs)
     try:
-        jax.eval_shape(jax.shard_map(lambda s, g: bad.update(g, s)[0], mesh=mesh, in_specs=(state_specs, specs),
-                                     out_specs=specs), state, jax.tree.map(lambda g: g[0], grads))  # fmt: skip
+        jax.eval_shape(
+            jax.shard_map(lambda s, g: bad.update(g, s)[0], mesh=mesh, in_specs=(state_specs, specs), out_specs=specs),
+            state,
+            jax.tree.map(lambda g: g[0], grads),
+        )
         error = ""
     except ValueError as e:
         error = str(e)

@@ -33,8 +33,17 @@ from purejax.nn import moe  # noqa: E402
 from tests.purejax.parallel.hlo import executed_collectives  # noqa: E402
 
 D, FF, E, N = 8, 12, 8, 8  # width, hidden, experts, devices
-CONFIG = gpt.GPTConfig(block_size=8, vocab_size=32, n_layer=2, n_head=2, n_embd=16, n_experts=8, expert_top_k=2,
-                       capacity_factor=0.0, moe_aux_weight=0.1)  # fmt: skip
+CONFIG = gpt.GPTConfig(
+    block_size=8,
+    vocab_size=32,
+    n_layer=2,
+    n_head=2,
+    n_embd=16,
+    n_experts=8,
+    expert_top_k=2,
+    capacity_factor=0.0,
+    moe_aux_weight=0.1,
+)
 
 
 def rel_err(got, want) -> float:

@@ -166,14 +166,23 @@ def steps(params) -> dict:
     single = jax.jit(functools.partial(optim.train_step, loss_fn=loss_fn(None), optimizer=optimizer))
     want, want_metrics = single(optim.init_train_state(params, optimizer, jax.random.key(0)), batch)
     out = {}
-    cases = [(8, 1, False, 1), (8, 1, False, 4), (4, 2, False, 1), (4, 2, False, 4), (8, 1, True, 1),
-             (8, 1, True, 4), (4, 2, True, 2), (1, 8, False, 2)]  # fmt: skip
+    cases = [
+        (8, 1, False, 1),
+        (8, 1, False, 4),
+        (4, 2, False, 1),
+        (4, 2, False, 4),
+        (8, 1, True, 1),
+        (8, 1, True, 4),
+        (4, 2, True, 2),
+        (1, 8, False, 2),
+    ]
     for dp, tp, fsdp, k in cases:
         mesh, axes, specs = setup(dp, tp, fsdp)
         state = optim.init_train_state(params, optimizer, jax.random.key(0))
         sspecs = parallel.state_specs(state, specs)
-        step = parallel.sharded_train_step(mesh, sspecs, P(axes.data), loss_fn=loss_fn(axes), optimizer=optimizer,
-                                           micro_batches=k)  # fmt: skip
+        step = parallel.sharded_train_step(
+            mesh, sspecs, P(axes.data), loss_fn=loss_fn(axes), optimizer=optimizer, micro_batches=k
+        )
         name = f"{mode_name(dp, tp, fsdp)}-k{k}"
         state = parallel.shard(state, sspecs, mesh)
         try:
@@ -277,8 +286,9 @@ def dropout_masks(params) -> dict:
     def hidden(p, idx, key):
         return gpt_parallel.hidden(p, idx, config, key=key, axes=axes)[None, None]
 
-    sharded = jax.shard_map(with_shard_key(hidden, (DATA,)), mesh=mesh, in_specs=(specs, P(DATA), P()),
-                            out_specs=P(DATA, MODEL))  # fmt: skip
+    sharded = jax.shard_map(
+        with_shard_key(hidden, (DATA,)), mesh=mesh, in_specs=(specs, P(DATA), P()), out_specs=P(DATA, MODEL)
+    )
     h = jax.jit(sharded)(parallel.shard(params, specs, mesh), idx, jax.random.key(0))
     h = np.asarray(h)  # (data, model, 1, seq, d)
     return {
@@ -331,15 +341,20 @@ def errors() -> dict:
     params = attention.init(jax.random.key(0), config)
     specs = {"qkv": {"w": P(None, MODEL), "b": P(MODEL)}, "proj": {"w": P(MODEL, None), "b": P()}}
     try:
-        jax.shard_map(lambda p, x: attention.apply(p, x, config, axis_name=MODEL), mesh=mesh,
-                      in_specs=(specs, P()), out_specs=P())(params, jnp.ones((1, 4, 32)))  # fmt: skip
+        jax.shard_map(
+            lambda p, x: attention.apply(p, x, config, axis_name=MODEL), mesh=mesh, in_specs=(specs, P()), out_specs=P()
+        )(params, jnp.ones((1, 4, 32)))
     except Exception as e:  # the message is what is tested
         out["attention_heads"] = str(e)
     mesh, axes, specs = setup(4, 2, False)
     try:  # unsharded params passed with replicated specs: the model notices they are not its shards
         replicated = jax.tree.map(lambda s: P(), specs, is_leaf=lambda x: isinstance(x, P))
-        jax.shard_map(functools.partial(gpt_parallel.loss, config=CONFIG, axes=axes), mesh=mesh,
-                      in_specs=(replicated, P(DATA)), out_specs=P())(make_params(CONFIG), make_batch())  # fmt: skip
+        jax.shard_map(
+            functools.partial(gpt_parallel.loss, config=CONFIG, axes=axes),
+            mesh=mesh,
+            in_specs=(replicated, P(DATA)),
+            out_specs=P(),
+        )(make_params(CONFIG), make_batch())
     except Exception as e:  # the message is what is tested
         out["unsharded_params"] = str(e)
     return out

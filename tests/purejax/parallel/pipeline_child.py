@@ -194,18 +194,24 @@ def train_case(pp, dp, tp, name, n_micro, rate, accumulate, steps: int = 3) -> d
     kwargs = dict(optimizer=optimizer, max_grad_norm=1.0, micro_batches=accumulate)
     step = parallel.sharded_train_step(mesh, state_specs, P(axes.data), loss_fn=loss_fn, **kwargs)
     reference_loss = functools.partial(_step_reference_loss, config=config, dp=dp, n_micro=n_micro)
-    ref_step = jax.jit(functools.partial(optim.train_step, loss_fn=lambda p, b, k: (reference_loss(p, b, k), {}),
-                                         **kwargs))  # fmt: skip
+    ref_step = jax.jit(
+        functools.partial(optim.train_step, loss_fn=lambda p, b, k: (reference_loss(p, b, k), {}), **kwargs)
+    )
     ours, ref, loss_errs = parallel.shard(state, state_specs, mesh), state, []
     for i in range(steps):
         batch = make_batch(10 + i, rows=8)
         ours, metrics = step(ours, batch)
         ref, ref_metrics = ref_step(ref, one_device_order(batch, dp, accumulate))
         loss_errs.append(rel_err(metrics["loss"], ref_metrics["loss"]))
-    evaluate = jax.jit(jax.shard_map(
-        lambda p, x, y: gpt_pipeline.loss(p, (x, y), CONFIG, table, axes=axes), mesh=mesh,
-        in_specs=(specs, P(axes.data), P(axes.data)), out_specs=P(), check_vma=True,
-    ))  # fmt: skip
+    evaluate = jax.jit(
+        jax.shard_map(
+            lambda p, x, y: gpt_pipeline.loss(p, (x, y), CONFIG, table, axes=axes),
+            mesh=mesh,
+            in_specs=(specs, P(axes.data), P(axes.data)),
+            out_specs=P(),
+            check_vma=True,
+        )
+    )
     params, batch = make_params(), make_batch(rows=8)
     return {
         "loss_rel_err": max(loss_errs),

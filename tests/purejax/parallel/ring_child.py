@@ -63,8 +63,10 @@ def sharded_ring(n: int, zigzag: bool):
     mesh = jax.make_mesh((n,), (AXIS,), devices=jax.devices()[:n], axis_types=(jax.sharding.AxisType.Auto,))
     return jax.shard_map(
         lambda q, k, v: ring_attention(q, k, v, axis_name=AXIS, zigzag=zigzag),
-        mesh=mesh, in_specs=P(None, AXIS), out_specs=P(None, AXIS),
-    )  # fmt: skip
+        mesh=mesh,
+        in_specs=P(None, AXIS),
+        out_specs=P(None, AXIS),
+    )
 
 
 def ring_fn(n: int, seq: int, zigzag: bool):
@@ -184,16 +186,23 @@ def gpt_case(dp: int, cp: int, tp: int, fsdp: bool, params, batch, reference) ->
     }
     with_key = jax.shard_map(
         lambda p, b: gpt_parallel.loss(p, b, GPT, key=jax.random.key(0), axes=axes),
-        mesh=mesh, in_specs=(specs, batch_spec), out_specs=P(),
-    )  # fmt: skip
+        mesh=mesh,
+        in_specs=(specs, batch_spec),
+        out_specs=P(),
+    )
     try:
         jax.eval_shape(with_key, params, batch)
     except ValueError as e:
         result["dropout_error"] = str(e)
     too_long = tuple(jnp.concatenate([x, x], axis=1) for x in batch)  # each device's share fits, the whole not
     try:
-        jax.eval_shape(jax.shard_map(lambda p, b: gpt_loss_fn(axes)(p, b, None)[0], mesh=mesh,
-                                     in_specs=(specs, batch_spec), out_specs=P()), params, too_long)  # fmt: skip
+        jax.eval_shape(
+            jax.shard_map(
+                lambda p, b: gpt_loss_fn(axes)(p, b, None)[0], mesh=mesh, in_specs=(specs, batch_spec), out_specs=P()
+            ),
+            params,
+            too_long,
+        )
     except ValueError as e:
         result["length_error"] = str(e)
     return result

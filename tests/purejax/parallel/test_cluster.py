@@ -46,8 +46,14 @@ def free_jax_port() -> int:
 def srun_env(port: int, n: int) -> Callable[[int], dict[str, str]]:
     """What `srun --ntasks=n` on one node sets for task i, with a job id whose derived port is `port`."""
     job_id = 7 * 4096 + port - JAX_PORTS  # JAX: SLURM_JOB_ID % 4096 + 61440
-    common = {"SLURM_JOB_ID": str(job_id), "SLURM_STEP_NODELIST": "localhost", "SLURM_NTASKS": str(n),
-              "SLURM_STEP_NUM_TASKS": str(n), "SLURM_NNODES": "1", "SLURM_NODEID": "0"}  # fmt: skip
+    common = {
+        "SLURM_JOB_ID": str(job_id),
+        "SLURM_STEP_NODELIST": "localhost",
+        "SLURM_NTASKS": str(n),
+        "SLURM_STEP_NUM_TASKS": str(n),
+        "SLURM_NNODES": "1",
+        "SLURM_NODEID": "0",
+    }
     return lambda i: {**common, "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i)}
 
 
@@ -65,15 +71,29 @@ def clean_environ() -> dict[str, str]:
     return {**env, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
 
 
-def start_as(launcher_env: Callable[[int], dict[str, str]], args: list[str], n: int, out: Path, timeout: float,
-             cwd: Path | None = None) -> list[tuple[int, str]]:  # fmt: skip
+def start_as(
+    launcher_env: Callable[[int], dict[str, str]],
+    args: list[str],
+    n: int,
+    out: Path,
+    timeout: float,
+    cwd: Path | None = None,
+) -> list[tuple[int, str]]:
     """`python *args` as n processes with the launcher's variables; (exit status, output) of each."""
     out.mkdir(parents=True, exist_ok=True)
     procs = []
     for i in range(n):
         with open(out / f"{i}.log", "w") as log:
-            procs.append(subprocess.Popen([sys.executable, *args], env={**clean_environ(), **launcher_env(i)}, cwd=cwd,
-                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True))  # fmt: skip
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, *args],
+                    env={**clean_environ(), **launcher_env(i)},
+                    cwd=cwd,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
     deadline = time.monotonic() + timeout
     try:
         for proc in procs:
@@ -177,8 +197,18 @@ def test_settings_go_to_jax_with_a_20_s_heartbeat(bare_env):
 def launched(data_dir, corpus, tmp_path_factory) -> dict:  # noqa: F811 - data_dir, corpus: fixtures
     """train.gpt as 2 srun tasks, and the MLP child as 2 Open MPI ranks, side by side."""
     tmp = tmp_path_factory.mktemp("launched")
-    gpt = ["-m", "train.gpt", *TINY, f"--dataset={corpus}", "--out_dir=run", "--dp=2", "--max_iters=2",
-           "--eval_interval=2", "--eval_iters=1", "--log_interval=1"]  # fmt: skip
+    gpt = [
+        "-m",
+        "train.gpt",
+        *TINY,
+        f"--dataset={corpus}",
+        "--out_dir=run",
+        "--dp=2",
+        "--max_iters=2",
+        "--eval_interval=2",
+        "--eval_iters=1",
+        "--log_interval=1",
+    ]
     mlp = [str(CHILD), "train", str(data_dir), str(tmp / "mlp")]
     with ThreadPoolExecutor(2) as pool:
         slurm = pool.submit(start_as, srun_env(free_jax_port(), 2), gpt, 2, tmp / "srun", 300, cwd=tmp)
@@ -232,8 +262,11 @@ def test_killing_the_launcher_ends_its_processes_and_theirs():
     env = {**clean_environ(), distributed.ENV_INIT_TIMEOUT: "60"}
     launcher = subprocess.Popen(
         [sys.executable, "-m", "purejax.parallel.launch", "--num_processes=2", "--", "-c", program],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     pids = []
     try:
         while len(pids) < 4:

@@ -32,10 +32,14 @@ ROOT = Path(__file__).resolve().parents[3]
 CHILD = Path(__file__).with_name("multiprocess_child.py")
 STEPS, GLOBAL_BATCH, D_IN, N_CLASSES = 6, 8, 16, 4
 ENV_NAMES = (
-    distributed.ENV_COORDINATOR, distributed.ENV_NUM_PROCESSES, distributed.ENV_PROCESS_ID,
-    distributed.JAX_ENV_COORDINATOR, distributed.ENV_INIT_TIMEOUT, distributed.ENV_HEARTBEAT_TIMEOUT,
+    distributed.ENV_COORDINATOR,
+    distributed.ENV_NUM_PROCESSES,
+    distributed.ENV_PROCESS_ID,
+    distributed.JAX_ENV_COORDINATOR,
+    distributed.ENV_INIT_TIMEOUT,
+    distributed.ENV_HEARTBEAT_TIMEOUT,
     distributed.ENV_SHUTDOWN_TIMEOUT,
-)  # fmt: skip
+)
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +56,12 @@ def data_dir(tmp_path_factory) -> Path:
 def run_child(mode: str, data_dir: Path, out_dir: Path, num_processes: int, devices: int, timeout: float = 120):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
     return launch.launch(
-        [str(CHILD), mode, str(data_dir), str(out_dir)], num_processes, timeout=timeout,
-        devices_per_process=devices, env=env,
-    )  # fmt: skip
+        [str(CHILD), mode, str(data_dir), str(out_dir)],
+        num_processes,
+        timeout=timeout,
+        devices_per_process=devices,
+        env=env,
+    )
 
 
 def result_of(process: launch.ProcessResult) -> dict:
@@ -118,8 +125,10 @@ def test_two_processes_train_exactly_like_one(two_processes, one_process):
     assert [r["rows"] for r in results] == [[0, 4], [4, 8]] and one_process["rows"] == [0, 8]
     # On purejax.parallel's (data, model) meshes: tp within a process splits the rows; tp across processes
     # (dp=1) replicates them, so both processes load all 8.
-    expected = [{"dp=4,tp=1": [0, 4], "dp=2,tp=2": [0, 4], "dp=1,tp=4": [0, 8]},
-                {"dp=4,tp=1": [4, 8], "dp=2,tp=2": [4, 8], "dp=1,tp=4": [0, 8]}]  # fmt: skip
+    expected = [
+        {"dp=4,tp=1": [0, 4], "dp=2,tp=2": [0, 4], "dp=1,tp=4": [0, 8]},
+        {"dp=4,tp=1": [4, 8], "dp=2,tp=2": [4, 8], "dp=1,tp=4": [0, 8]},
+    ]
     assert [r["rows_on_meshes"] for r in results] == expected
     assert set(map(tuple, one_process["rows_on_meshes"].values())) == {(0, 8)}
     for r in results:
@@ -182,7 +191,7 @@ def test_a_killed_peer_makes_the_survivor_exit_with_an_error(data_dir, tmp_path)
         runs = pool.map(
             lambda victim: run_child(f"die:{victim}", data_dir, tmp_path / str(victim), 2, devices=2, timeout=60),
             [1, 0],
-        )  # fmt: skip
+        )
     for victim, processes in zip([1, 0], runs):
         dead, survivor = processes[victim], processes[1 - victim]
         assert dead.returncode == -signal.SIGKILL, dead.output
@@ -215,8 +224,10 @@ def _start_launcher(program: str) -> tuple[subprocess.Popen, list[int]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     launcher = subprocess.Popen(
         [sys.executable, "-m", "purejax.parallel.launch", "--num_processes=2", "--", "-c", program],
-        env=env, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     pids = [int(launcher.stdout.readline().split()[-1]) for _ in range(2)]  # "[i] pid N"
     return launcher, pids
 

@@ -19,9 +19,11 @@ def test_fsdp_specs_split_matrices_on_their_first_free_divisible_dimension():
     specs = {"wte": P("model", None), "wpe": P(), "odd": P(), "blocks": {"w": P(), "b": P()}}
     got = parallel.fsdp_specs(shapes, specs, "data", 4, stacked=("blocks",))
     assert got == {
-        "wte": P("model", "data"), "wpe": P("data", None), "odd": P(),
+        "wte": P("model", "data"),
+        "wpe": P("data", None),
+        "odd": P(),
         "blocks": {"w": P(None, "data", None), "b": P()},  # vectors (biases, LayerNorms) stay replicated
-    }  # fmt: skip
+    }
 
 
 def test_layer_specs_drop_the_layer_axis():

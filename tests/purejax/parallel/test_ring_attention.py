@@ -24,8 +24,14 @@ from train.config import ConfigError
 from train.gpt import TrainConfig
 
 HERE = Path(__file__).resolve().parent
-CASES = ["n2-zigzag-s32", "n2-contiguous-s13", "n4-zigzag-s13", "n4-contiguous-s32", "n8-zigzag-s13",
-         "n8-contiguous-s13"]  # fmt: skip
+CASES = [
+    "n2-zigzag-s32",
+    "n2-contiguous-s13",
+    "n4-zigzag-s13",
+    "n4-contiguous-s32",
+    "n8-zigzag-s13",
+    "n8-contiguous-s13",
+]
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +81,18 @@ def test_gpt_on_a_context_parallel_mesh_equals_one_device(ring_results, mesh):
 def test_train_gpt_with_context_parallelism_equals_the_single_device_run(tmp_path, corpus):  # noqa: F811
     """`python -m train.gpt --dp=2 --cp=2` (4 simulated devices: the batch's rows over data, each row's
     tokens over the ring) trains to the single-device run's params and AdamW moments."""
-    common = [*TINY, f"--dataset={corpus}", "--max_iters=4", "--lr_decay_iters=8", "--warmup_iters=2",
-              "--eval_interval=4", "--eval_iters=1", "--log_interval=4", "--batch_size=8", "--n_head=4"]  # fmt: skip
+    common = [
+        *TINY,
+        f"--dataset={corpus}",
+        "--max_iters=4",
+        "--lr_decay_iters=8",
+        "--warmup_iters=2",
+        "--eval_interval=4",
+        "--eval_iters=1",
+        "--log_interval=4",
+        "--batch_size=8",
+        "--n_head=4",
+    ]
     finish(run_gpt([*common, "--out_dir=single"], tmp_path))
     finish(run_gpt([*common, "--out_dir=cp", "--dp=2", "--cp=2"], tmp_path))
     # atol: one weight with a near-zero gradient, which Adam scales up, differed by 4.0e-6 on an Intel Xeon (within

@@ -15,8 +15,9 @@ RULES = ((r"emb\.w", P(MODEL, None)), (r"fc\.w", P(None, MODEL)), (r".*", P()))
 
 def test_rules_first_match_wins_and_roles_map_to_axes():
     assert parallel.specs_from_rules(SHAPES, RULES, {MODEL: "tp"}) == {
-        "emb": {"w": P("tp", None)}, "fc": {"w": P(None, "tp"), "b": P()},
-    }  # fmt: skip
+        "emb": {"w": P("tp", None)},
+        "fc": {"w": P(None, "tp"), "b": P()},
+    }
     off = parallel.specs_from_rules(SHAPES, RULES, {MODEL: None})  # no tensor parallelism: all whole
     assert off["emb"]["w"] == P(None, None)
 
