@@ -81,11 +81,10 @@ def make_torch(weights, config, x, y, compile=False, dtype="float32"):
     opt = torch.optim.AdamW(groups, lr=TRAIN.learning_rate, betas=(TRAIN.beta1, TRAIN.beta2), fused=device == "cuda")
     forward = torch.compile(model) if compile else model
     x, y = (torch.from_numpy(np.asarray(a, np.int64)).to(device) for a in (x, y))
-    autocast = lambda: (
-        torch.autocast(device, dtype=getattr(torch, dtype))
-        if dtype != "float32"  # noqa: E731
-        else contextlib.nullcontext()
-    )
+
+    def autocast():
+        return torch.autocast(device, dtype=getattr(torch, dtype)) if dtype != "float32" else contextlib.nullcontext()
+
     it = 0
 
     def step():
