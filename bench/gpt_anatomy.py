@@ -1,4 +1,4 @@
-"""Where the GPT training step of bench/gpt_train.py spends its time on XLA:CPU, measured (issue 5).
+"""Where the GPT training step of bench/gpt_train.py spends its time on XLA:CPU, measured.
 
     python -m bench.gpt_anatomy [--configs baby,small] [--sections profile,dots,attention,step,remat,flags]
 
@@ -24,7 +24,7 @@ Sections (each prints a markdown table; docs/benchmarks.md records them):
                loss after two steps, to see whether a flag changes the numerics.
 
 Timings share the machine with other jobs: each table reports the load average; compare ratios within one
-table, not absolute times across runs. The default run (baby and small, every section) takes about 10 minutes.
+table, not absolute times across runs. The default run does baby and small, every section.
 """
 
 import argparse

@@ -117,7 +117,7 @@ def make_purejax_unrolled(weights, config, x, y):
     return traced_in(make_purejax(weights, config, x, y), unroll=True)
 
 
-def fused_adamw(cfg: train_gpt.TrainConfig) -> optim.GradientTransformation:
+def fused_adamw(cfg: train_gpt.GPTSettings) -> optim.GradientTransformation:
     """train/gpt.py's AdamW (warmup-cosine rate, decay on `train_gpt.decays`) written as ONE tree_map over
     (grad, mu, nu, param) instead of the chain adam -> weight decay -> learning rate: the comparison for
     "does chaining transforms cost anything once XLA has fused the step?"."""

@@ -1,5 +1,4 @@
-"""What is left between purejax's GPT training step and PyTorch eager's on CPU, per config, and where it goes
-(issue 18).
+"""What is left between purejax's GPT training step and PyTorch eager's on CPU, per config, and where it goes.
 
     python -m bench.gpt_torch_gap [--configs tiny,baby,small,small-b16] [--repeats N] [--rounds 3]
 
@@ -18,8 +17,7 @@ against each other first):
      gives each group's purejax - torch and its share of the profiled gap: which kind carries the gap.
 
 The XLA:CPU flags that might close it are timed by `python -m bench.gpt_anatomy --sections flags`.
-Timings share the machine with other jobs: each table gives the load average. The default run takes a few
-minutes on 2 idle cores.
+Timings share the machine with other jobs: each table gives the load average.
 """
 
 import argparse

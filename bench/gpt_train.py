@@ -37,7 +37,7 @@ ask `jax.nn.dot_product_attention` for cuDNN on a GPU (`causal_attention`) as pu
 
 For each config and contender: the median step time (interleaved samples, bench/timing.py), tokens/s, the
 time relative to purejax's, and MFU (nanoGPT's FLOPs-per-token estimate) as a fraction of the accelerator's
-dense bfloat16 peak (`train.run.PEAK_BF16_FLOPS`, by device kind) or, on a CPU, of this machine's
+dense bfloat16 peak (`train.kit.peak_flops.PEAK_BF16_FLOPS`, by device kind) or, on a CPU, of this machine's
 measured float32 matmul rate (`bench.timing.measure_matmul_flops`). "first s" is the first call:
 tracing and compilation included. A markdown table is printed at the end.
 """
@@ -68,9 +68,9 @@ from bench.gpt_train_raw import make_raw
 from bench.gpt_train_torch import make_torch
 from bench.gpt_train_weights import initial_weights
 from bench.timing import interleaved_medians, measure_matmul_flops
-from models import gpt
+from models import gpt, gpt_flops
 from purejax.precision import resolve_compute_dtype
-from train import run
+from train.kit import peak_flops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,7 +234,7 @@ def table_rows(name, case, results, peak):
             yield name, peer, "failed", "", "", "", "", result
             continue
         s, first = result
-        mfu = gpt.estimate_mfu(case.model, tokens / s, peak)
+        mfu = gpt_flops.estimate_mfu(case.model, tokens / s, peak)
         ratio = f"{s / base:.2f}" if base else ""
         yield name, peer, f"{s * 1e3:.2f}", f"{tokens / s:,.0f}", ratio, f"{mfu:.1%}", f"{first:.1f}", ""
 
@@ -251,9 +251,9 @@ def versions() -> str:
 
 def mfu_peak(platform: str, device_kind: str, rates: list[float]) -> tuple[float, str]:
     """(FLOP/s that MFU is against, what it is): an accelerator's dense bfloat16 peak from the vendors' table
-    (`run.PEAK_BF16_FLOPS`), else (a CPU, an unknown chip) the best of the float32 matmul `rates` measured
+    (`peak_flops.PEAK_BF16_FLOPS`), else (a CPU, an unknown chip) the best of the float32 matmul `rates` measured
     during the run: on a shared machine, slower ones met other jobs."""
-    peak = run.accelerator_peak_flops(device_kind) if platform != "cpu" else None
+    peak = peak_flops.accelerator_peak_flops(device_kind) if platform != "cpu" else None
     if peak:
         return peak, f"{device_kind}'s dense bfloat16 peak, {peak / 1e12:.0f} TFLOP/s (the vendor's data sheet)"
     return max(rates), (

@@ -12,7 +12,7 @@ import numpy as np
 
 from train import gpt as train_gpt
 
-TRAIN = train_gpt.TrainConfig()  # the optimizer settings of `python -m train.gpt`'s defaults
+TRAIN = train_gpt.GPTSettings()  # the optimizer settings of `python -m train.gpt`'s defaults
 GRAD_CLIP = 1.0
 
 

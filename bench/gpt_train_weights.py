@@ -44,7 +44,7 @@ def raw_weights(weights, config, stacked: bool):
     from purejax's per-head grouped order to nanoGPT's [q | k | v], which every peer splits in three (the same
     conversion as for Hugging Face files)."""
     b = weights["blocks"]
-    qkv = {k: gpt_hf.qkv_to_hf(np.asarray(v), config) for k, v in b["attn"]["qkv"].items()}
+    qkv = {k: gpt_hf.QKV.to_theirs(np.asarray(v), config)[0] for k, v in b["attn"]["qkv"].items()}
     ours = {
         "ln_1": b["ln_1"],
         "qkv": qkv,

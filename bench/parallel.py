@@ -22,7 +22,7 @@ buffers of kept stage inputs and received gradients hold 2 x slots micro-batch a
 
 Step times on CPU only show overhead: the 8 "devices" share this machine's cores and XLA's CPU thread pool,
 and their collectives are memory copies, so nothing here predicts a speed-up on real accelerators. The last
-table is the issue's question: data parallelism over 2 simulated devices against 1 device for the baby and
+table asks whether data parallelism pays on one CPU: 2 simulated devices against 1 device for the baby and
 small configs of bench/gpt_train.py (same global batch) on this 2-core machine.
 """
 

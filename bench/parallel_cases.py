@@ -20,7 +20,7 @@ from bench.parallel_theory import context_theory, micro_batch_activation, pipeli
 from models import gpt, gpt_parallel, gpt_pipeline
 from purejax import optim, parallel
 from purejax import tree as tree_lib
-from purejax.parallel import context, pipeline, schedules
+from purejax.parallel import context, pipeline, pipeline_schedules
 from tests.purejax.parallel.hlo import executed_collectives
 
 
@@ -128,7 +128,7 @@ def pipeline_rows(config: gpt.GPTConfig, batch_size: int, n_micro: int, cases) -
         mesh = jax.make_mesh(
             (n_stages,), (pipeline.PIPE,), devices=jax.devices()[:n_stages], axis_types=(jax.sharding.AxisType.Auto,)
         )
-        table = schedules.SCHEDULES[name](n_stages, n_micro)
+        table = pipeline_schedules.SCHEDULES[name](n_stages, n_micro)
         placed = parallel.shard(params, pipeline.param_specs(params), mesh)
         compiled = gpt_pipeline.sharded_loss_and_grads(mesh, config, table).lower(placed, batch).compile()
         rows.append(
@@ -138,7 +138,7 @@ def pipeline_rows(config: gpt.GPTConfig, batch_size: int, n_micro: int, cases) -
                 "got": collectives(compiled.as_text(), mesh.shape),
                 "theory": pipeline_theory(config, shared, batch_size, n_micro, n_stages),
                 "temp_bytes": compiled.memory_analysis().temp_size_in_bytes,
-                "buffer_bytes": 2 * schedules.buffer_slots(table) * activation * 4,
+                "buffer_bytes": 2 * pipeline_schedules.buffer_slots(table) * activation * 4,
             }
         )
     return rows

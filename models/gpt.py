@@ -9,14 +9,12 @@ params = {"wte": embedding (vocab_size, n_embd), "wpe": embedding (block_size, n
           "blocks": {"ln_1", "attn": {"qkv", "proj"}, "ln_2", "mlp": {"fc", "proj"}, every leaf stacked on a
                      leading n_layer axis}, "ln_f"}.
 There is no "lm_head": the output head is the token embedding transposed (weight tying, Press & Wolf 2017).
-The blocks run under `lax.scan` or as a Python loop (`layers`: the default "auto" loops over shallow stacks).
 
-Beside this page: `gpt_decode` (a key/value cache, `generate`), `gpt_parallel` (the same functions on a device
-mesh), `gpt_surgery` (cropping context or vocabulary). The one mesh concept here is `axis_name`, Megatron-LM
-tensor parallelism's axis: heads, MLP units and vocabulary split over it inside `shard_map`, each part psummed.
+Beside this page: `gpt_decode` (a key/value cache), `gpt_parallel` (on a device mesh), `gpt_moe` (experts in
+the MLP's place), `gpt_flops` (parameters, FLOPs), `gpt_surgery` (cropping). The one mesh concept here is
+`axis_name`, Megatron-LM tensor parallelism's axis: heads, MLP units and vocabulary split over it, psummed.
 """
 
-import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,17 +43,13 @@ class GPTConfig:
         block_size: the longest context, and the number of learned positions.
         vocab_size: number of token ids (GPT-2's 50257 padded to 50304 is nanoGPT's default: a multiple of 64).
         n_layer, n_head, n_embd: depth, attention heads and width; n_head must divide n_embd.
-        dropout: rate after the embeddings, on attention probabilities and after each residual branch,
-            applied only when `apply` gets a key.
+        dropout: rate after the embeddings, the attention probabilities and each residual branch, with a key.
         bias: biases in linear layers and LayerNorms, as GPT-2; False is nanoGPT's "a bit better and faster".
         gelu: "exact" (erf, torch's nn.GELU default, nanoGPT) or "tanh" (the approximation GPT-2 was trained with).
-        layers: "auto", the default (a loop up to `stack.AUTO_LOOP_DEPTH` layers, a scan beyond or for
-            rematerialised blocks: `run_blocks`), "scan" (compile time flat in depth) or "loop" (unrolled, which
-            XLA may fuse across layers); the same maths, equal to float32 rounding (fused differently).
+        layers: "scan", "loop" or "auto" (a loop over shallow stacks, else a scan): `stack.run`, `stack.resolve`.
         remat: "none", "block" or a policy: what each block keeps for the backward pass (purejax/nn/remat.py).
         attention_impl: passed to `purejax.nn.attention` ("auto", "fused" or "einsum").
-        n_experts, expert_top_k, capacity_factor, moe_aux_weight: n_experts > 0 makes every block's MLP a
-            mixture of experts with top-k routing, a capacity (0: none) and a load-balancing loss (gpt_moe.py).
+        n_experts, expert_top_k, capacity_factor, moe_aux_weight: experts in the MLP's place (gpt_moe.py).
     """
 
     block_size: int = 1024
@@ -89,19 +83,14 @@ class GPTConfig:
         for name, allowed in (("gelu", ("exact", "tanh")), ("layers", stack.MODES), ("remat", remat_lib.CHOICES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"GPTConfig: {name} must be one of {allowed}, got {getattr(self, name)!r}")
-        gpt_moe.check_config(self)
         self.attention  # noqa: B018 - builds the AttentionConfig, so its errors (impl, dropout) surface here
+        gpt_moe.check_config(self)
 
     @property
     def attention(self) -> attention.AttentionConfig:
-        return attention.AttentionConfig(
-            d_model=self.n_embd,
-            n_head=self.n_head,
-            bias=self.bias,
-            causal=True,
-            dropout=self.dropout,
-            impl=self.attention_impl,
-        )
+        """The blocks' causal self-attention."""
+        settings = dict(bias=self.bias, causal=True, dropout=self.dropout, impl=self.attention_impl)
+        return attention.AttentionConfig(d_model=self.n_embd, n_head=self.n_head, **settings)
 
     @property
     def activation(self) -> Callable[[Array], Array]:
@@ -139,95 +128,70 @@ def init(key: PRNGKeyArray, config: GPTConfig) -> Params:
     }
 
 
-def block_with_stats(
+def embed(
+    params: Params,
+    idx: Integer[Array, "batch seq"],
+    config: GPTConfig,
+    *,
+    key: PRNGKeyArray | None = None,
+    axis_name: str | None = None,
+) -> Float[Array, "batch seq d_model"]:
+    """The token embeddings plus the learned positions 0..seq, then dropout (with a key)."""
+    positions = jnp.arange(idx.shape[1])
+    x = embedding.apply(params["wte"], idx, axis_name=axis_name) + embedding.apply(params["wpe"], positions)
+    return dropout.apply(x, rate=config.dropout, key=key)
+
+
+def feed_forward(
+    params: Params, h: Float[Array, "batch seq d_model"], config: GPTConfig, **kwargs: Any
+) -> Float[Array, "batch seq d_model"]:
+    """The block's MLP, then dropout; or the mixture of experts in its place when the block holds one."""
+    if "moe" in params:
+        return gpt_moe.feed_forward(params["moe"], h, config, **kwargs)
+    return mlp.apply(params["mlp"], h, activation=config.activation, dropout=config.dropout, **kwargs)
+
+
+def block(
     params: Params,
     x: Float[Array, "batch seq d_model"],
     config: GPTConfig,
     *,
     key: PRNGKeyArray | None = None,
     axis_name: str | None = None,
-    moe_axes: gpt_moe.MoEAxes | None = None,
-) -> tuple[Float[Array, "batch seq d_model"], gpt_moe.Stats]:
-    """One pre-LayerNorm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)), and the mixture of
-    experts' statistics (none for a dense MLP). Under tensor parallelism x is replicated over `axis_name`;
-    attention and the MLP each end with one psum over it."""
+    attend: Callable[..., Array] = attention.apply,
+    feed_forward: Callable[..., Array] = feed_forward,
+) -> Float[Array, "batch seq d_model"]:
+    """One pre-LayerNorm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)). Under tensor parallelism
+    x is replicated over `axis_name`; attention and the MLP each end with one psum over it. A variant passes
+    its own sublayers, called as `attention.apply` and `feed_forward` are (gpt_parallel: ring, sequence)."""
     keys = prandom.named_keys(key, "attn", "mlp") if key is not None else {"attn": None, "mlp": None}
     h = layer_norm.apply(params["ln_1"], x)
-    x = x + attention.apply(params["attn"], h, config.attention, key=keys["attn"], axis_name=axis_name)
+    x = x + attend(params["attn"], h, config.attention, key=keys["attn"], axis_name=axis_name)
     h = layer_norm.apply(params["ln_2"], x)
-    if "moe" in params:
-        y, stats = gpt_moe.apply(params["moe"], h, config, key=keys["mlp"], axis_name=axis_name, moe_axes=moe_axes)
-    else:
-        y, stats = (
-            mlp.apply(
-                params["mlp"],
-                h,
-                activation=config.activation,
-                dropout=config.dropout,
-                key=keys["mlp"],
-                axis_name=axis_name,
-            ),
-            {},
-        )
-    return x + y, stats
+    return x + feed_forward(params, h, config, key=keys["mlp"], axis_name=axis_name)
 
 
-def block(params: Params, x: Float[Array, "batch seq d_model"], config: GPTConfig, **kwargs: Any) -> Array:
-    """`block_with_stats`'s output without the statistics."""
-    return block_with_stats(params, x, config, **kwargs)[0]
-
-
-def hidden(params: Params, idx: Integer[ArrayLike, "batch seq"], config: GPTConfig, **kwargs: Any) -> Array:
-    """`hidden_with_stats`'s output, (batch, seq, d_model), without the statistics."""
-    return hidden_with_stats(params, idx, config, **kwargs)[0]
-
-
-def hidden_with_stats(
+def hidden(
     params: Params,
     idx: Integer[ArrayLike, "batch seq"],
     config: GPTConfig,
     *,
     key: PRNGKeyArray | None = None,
     axis_name: str | None = None,
-    wrap_block: Callable | None = None,
-    moe_axes: gpt_moe.MoEAxes | None = None,
-) -> tuple[Float[Array, "batch seq d_model"], gpt_moe.Stats]:
-    """Token ids to the final LayerNorm's output (the tied head's input) and the MoE statistics summed over layers."""
+) -> Float[Array, "batch seq d_model"]:
+    """Token ids to the final LayerNorm's output, the tied head's input; the blocks run as `config.layers`
+    and `config.remat` say (`stack.run`)."""
     idx = jnp.asarray(idx)
     check_inputs(params, idx, config, axis_name=axis_name)
     dropout_on = key is not None and config.dropout > 0
     keys = prandom.named_keys(key, "embd", "blocks") if dropout_on else {"embd": None, "blocks": None}
-    positions = jnp.arange(idx.shape[1])
-    x = embedding.apply(params["wte"], idx, axis_name=axis_name) + embedding.apply(params["wpe"], positions)
-    x = dropout.apply(x, rate=config.dropout, key=keys["embd"])
+    x = embed(params, idx, config, key=keys["embd"], axis_name=axis_name)
 
-    def layer(p, carry, key):
-        x, stats = block_with_stats(p, carry[0], config, key=key, axis_name=axis_name, moe_axes=moe_axes)
-        return x, jax.tree.map(jnp.add, carry[1], stats)
+    def layer(layer_params, x, key):
+        return block(layer_params, x, config, key=key, axis_name=axis_name)
 
-    carry = (x, gpt_moe.no_stats(config))
-    x, stats = run_blocks(layer, params["blocks"], carry, config, key=keys["blocks"], wrap_block=wrap_block)
-    return layer_norm.apply(params["ln_f"], x), stats
-
-
-def run_blocks(
-    layer: Callable,
-    blocks: Params,
-    carry: Any,
-    config: GPTConfig,
-    *,
-    key: PRNGKeyArray | None,
-    wrap_block: Callable | None = None,
-) -> Any:
-    """`layer(layer_params, carry, key) -> carry` over the stacked blocks, wrapped by `wrap_block` (gpt_parallel's
-    FSDP gather, under jax.checkpoint) and `config.remat`, as a scan or a loop (`config.layers`; "auto" scans wrapped
-    blocks as rematerialised ones). Layer i's key is `fold_in(key, i)`, so scan and loop drop the same units."""
-    mode = stack.resolve(config.layers, config.n_layer, remat=config.remat != "none" or wrap_block is not None)
-    layer = remat_lib.wrap(wrap_block(layer) if wrap_block else layer, config.remat, prevent_cse=mode == "loop")
-    if key is None:
-        return stack.apply(mode, lambda p, c: layer(p, c, None), blocks, carry)
-    xs = stack.layer_keys(key, config.n_layer)
-    return stack.apply(mode, lambda p, c, k: (layer(p, c, k), None), blocks, carry, xs=xs)[0]
+    x = stack.run(layer, params["blocks"], x, mode=config.layers, remat=config.remat, key=keys["blocks"])
+    return layer_norm.apply(params["ln_f"], x)
 
 
 def apply(
@@ -254,38 +218,10 @@ def loss(
 ) -> Float[Array, ""]:
     """Mean next-token cross-entropy of `(idx, targets)`, in float32; targets of -1 are ignored and not
     counted (nanoGPT's `ignore_index=-1`). With `axis_name`, from the vocab-parallel logits, never gathered.
-    With experts, plus the weighted load-balancing loss (`gpt_moe.aux_loss`)."""
-    idx, targets = batch
-    h, stats = hidden_with_stats(params, idx, config, key=key, axis_name=axis_name)
-    per_token = losses.cross_entropy(embedding.attend(params["wte"], h), targets, ignore_index=-1, axis_name=axis_name)
-    mean = losses.masked_mean(per_token, jnp.asarray(targets) != -1)
-    return mean + gpt_moe.aux_loss(stats, config) if stats else mean
-
-
-# ---------------------------------------------------------------- accounting (surgery: gpt_surgery.py)
-
-
-def num_params(params: Params, non_embedding: bool = True) -> int:
-    """Number of parameters. With `non_embedding`, the position embeddings are left out, as nanoGPT counts;
-    the token embeddings stay in because they are also the output head's weights."""
-    return tree_lib.count(params) - (tree_lib.count(params["wpe"]) if non_embedding else 0)
-
-
-def flops_per_token(config: GPTConfig) -> int:
-    """Forward plus backward FLOPs per token, nanoGPT's estimate (PaLM paper, appendix B): 6N for the matmuls
-    with the N non-embedding parameters (a token's expert_top_k experts of n_experts, with experts), plus
-    12 * n_layer * n_head * head_dim * block_size for attention."""
-    shapes = jax.eval_shape(functools.partial(init, config=config), jax.random.key(0))
-    n = num_params(shapes) - gpt_moe.idle_params(shapes, config)
-    return 6 * n + 12 * config.n_layer * config.n_head * (config.n_embd // config.n_head) * config.block_size
-
-
-def estimate_mfu(config: GPTConfig, tokens_per_second: float | int, peak_flops: float | int) -> float:
-    """Model FLOPs utilisation: the FLOPs the model needs per second at this throughput, as a fraction of the
-    hardware's `peak_flops` (nanoGPT compares with an A100's 312e12 bfloat16 FLOP/s)."""
-    if peak_flops <= 0:
-        raise ValueError(f"estimate_mfu: peak_flops must be positive, got {peak_flops}")
-    return flops_per_token(config) * tokens_per_second / peak_flops
+    (A mixture of experts' load-balancing term is added by `gpt_parallel.loss`, which reads its statistics.)"""
+    logits = apply(params, batch[0], config, key=key, axis_name=axis_name)
+    per_token = losses.cross_entropy(logits, batch[1], ignore_index=-1, axis_name=axis_name)
+    return losses.masked_mean(per_token, jnp.asarray(batch[1]) != -1)
 
 
 def check_inputs(params: Params, idx: Array, config: GPTConfig, *, axis_name: str | None = None) -> None:

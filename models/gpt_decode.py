@@ -30,28 +30,23 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Int, Integer, PRNGKeyArray
 
-from models import gpt, gpt_moe
+from models import gpt, kv_cache
 from models.gpt import GPTConfig, Params
 from purejax import sampling
-from purejax.nn import attention, check_keys, embedding, layer_norm, linear, mlp, stack
+from purejax.nn import attention, embedding, layer_norm, linear, stack
 from purejax.nn.attention_cache import cached_attention
 
-Cache = dict[str, Any]
+Cache = kv_cache.Cache
 
 
-def init_cache(config: GPTConfig, batch: int, dtype: Any = jnp.float32) -> Cache:
-    """An empty cache for `block_size` positions: {"k", "v": lists of n_layer arrays (batch * n_head, block_size,
-    head_dim), row b's heads at [b * n_head, (b + 1) * n_head); "index": (batch,) int32, the positions each
-    row has written}."""
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"gpt_decode.init_cache: batch must be a positive int, got {batch!r}")
-    shape = (batch * config.attention.n_kv_head, config.block_size, config.attention.head_dim)
-    layers = range(config.n_layer)
-    return {
-        "k": [jnp.zeros(shape, dtype) for _ in layers],
-        "v": [jnp.zeros(shape, dtype) for _ in layers],
-        "index": jnp.zeros((batch,), jnp.int32),
-    }
+def init_cache(config: GPTConfig, batch: int, max_len: int | None = None, *, dtype: Any = jnp.float32) -> Cache:
+    """An empty cache (models/kv_cache.py) for `max_len` positions, by default and at most block_size (the
+    learned positions): {"k", "v": lists of n_layer arrays (batch * n_head, max_len, head_dim); "index":
+    (batch,) int32, the positions each row has written}."""
+    max_len = config.block_size if max_len is None else max_len
+    shape = dict(n_kv_head=config.attention.n_kv_head, max_len=max_len, head_dim=config.attention.head_dim)
+    where = dict(where="gpt_decode.init_cache", most=config.block_size)
+    return kv_cache.empty(config.n_layer, batch, **shape, dtype=dtype, **where)
 
 
 def decode_step(
@@ -69,19 +64,15 @@ def decode_step(
     row b's index advances by lengths[b], and the padding's keys are overwritten by the row's next tokens
     before any query can see them (row b's last real logits are `logits[b, lengths[b] - 1]`).
 
-    A row has block_size positions: index + seq (padding included) past it is an error when the cache's index
-    is concrete; under jit (a traced index) that row's logits come out NaN instead, never silently wrong, and
-    its cache is spoiled. Jit with `donate_argnames="cache"` to update the cache in place."""
+    A row has the cache's max_len positions (block_size by default): index + seq (padding included) past it is
+    an error when the cache's index is concrete; under jit (a traced index) that row's logits come out NaN
+    instead, never silently wrong, and its cache is spoiled. Jit with `donate_argnames="cache"` to update the
+    cache in place."""
     idx = jnp.asarray(idx)
     gpt.check_inputs(params, idx, config)
-    _check_cache(cache, config, idx.shape[0])
+    max_len = _check_cache(cache, config, idx.shape[0])
     lengths = sampling.check_lengths(lengths, idx, "decode_step")
-    index = cache["index"]
-    if not isinstance(index, jax.core.Tracer) and int(jnp.max(index)) + idx.shape[1] > config.block_size:
-        raise ValueError(
-            f"decode_step: a row of the cache holds {int(jnp.max(index))} positions; {idx.shape[1]} "
-            f"more pass block_size={config.block_size}, the model's last learned position"
-        )
+    kv_cache.check_room(cache, idx.shape[1], "block_size" if max_len == config.block_size else "its max_len")
     h, cache = _hidden(params, stack.unstack(params["blocks"]), cache, idx, lengths, config)
     return embedding.attend(params["wte"], h), cache
 
@@ -93,27 +84,21 @@ def _hidden(params: Params, blocks: list, cache: Cache, idx: Array, lengths: Arr
     x = embedding.apply(params["wte"], idx) + embedding.apply(params["wpe"], positions)
     batch, seq, _ = x.shape
     new = {"k": [], "v": [], "index": cache["index"] + lengths}
-    for p, k, v in zip(blocks, cache["k"], cache["v"], strict=True):  # gpt.block, with a cache
+    for p, k, v in zip(blocks, cache["k"], cache["v"], strict=True):  # gpt.block, its attention with a cache
         q, k_new, v_new = attention.qkv_heads(p["attn"], layer_norm.apply(p["ln_1"], x), config.attention)
         out, kv = cached_attention(q, k_new, v_new, {"k": k, "v": v}, cache["index"])
         x = x + linear.apply(p["attn"]["proj"], out.reshape(batch, seq, -1))
-        x = x + _mlp(p, layer_norm.apply(p["ln_2"], x), config)
+        x = x + gpt.feed_forward(p, layer_norm.apply(p["ln_2"], x), no_capacity(config))
         new["k"].append(kv["k"])
         new["v"].append(kv["v"])
     # A row whose write ran past the cache had it shifted back into place, over its earlier keys: NaN, not wrong.
-    overflow = cache["index"] + seq > config.block_size
+    overflow = kv_cache.overflowed(cache, seq)
     return jnp.where(overflow[:, None, None], jnp.nan, layer_norm.apply(params["ln_f"], x)), new
 
 
-def _mlp(p: Params, h: Float[Array, "batch seq d_model"], config: GPTConfig) -> Float[Array, "batch seq d_model"]:
-    """The block's MLP, or its mixture of experts without a capacity: a decoded token is never dropped."""
-    if "moe" in p:
-        return gpt_moe.apply(p["moe"], h, no_capacity(config))[0]
-    return mlp.apply(p["mlp"], h, activation=config.activation)
-
-
 def no_capacity(config: GPTConfig) -> GPTConfig:
-    """`config` with a mixture of experts' capacity lifted (what decoding computes; a dense config unchanged)."""
+    """`config` with a mixture of experts' capacity lifted, so that a decoded token is never dropped (a dense
+    config unchanged)."""
     return dataclasses.replace(config, capacity_factor=0.0) if config.n_experts else config
 
 
@@ -127,13 +112,15 @@ def generate(
     temperature: float | Float[ArrayLike, ""] = 1.0,
     top_k: int | None = None,
     top_p: float | Float[ArrayLike, ""] | None = None,
+    max_len: int | None = None,
     lengths: Integer[ArrayLike, " batch"] | None = None,
 ) -> Int[Array, "batch total"]:
     """Each prompt followed by `max_new_tokens` sampled tokens, int32 (batch, prompt + max_new_tokens).
 
-    Semantics are nanoGPT's `generate`: the model sees at most the last block_size tokens; the next token is
+    Semantics are nanoGPT's `generate`: the model sees at most the last max_len tokens (block_size unless
+    given: a shorter context makes every step cheaper, as attention reads the whole cache); the next token is
     drawn from softmax(logits / temperature) after top-k and top-p filtering (`purejax.sampling`), and
-    temperature 0 takes the arg-max. Step i draws with `fold_in(key, i)`.
+    temperature 0 takes the arg-max. Step i draws with `fold_in(key, i)`. The signature is llama_decode's.
 
     Prompts of different lengths: right-pad them into `prompt` and give `lengths` (batch,), the real tokens of
     each row (1 to prompt.shape[1]; default all). Row b of the result is its lengths[b] prompt tokens, its
@@ -151,16 +138,19 @@ def generate(
     settings = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     prompt, lengths = sampling.check_generate(prompt, lengths, max_new_tokens=max_new_tokens, **settings)
     total = prompt.shape[1] + max_new_tokens
+    block = config.block_size if max_len is None else max_len
+    if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= config.block_size:
+        raise ValueError(f"generate: max_len must be an int in [1, block_size={config.block_size}], got {block!r}")
     if max_new_tokens == 0:
         return jnp.where(jnp.arange(total) < lengths[:, None], prompt, 0).astype(jnp.int32)
-    width = -(-total // config.block_size) * config.block_size  # the token buffer, a multiple of block_size
-    out = _generate(params, prompt, lengths, config, key, max_new_tokens, temperature, top_k, top_p, width)
+    width = -(-total // block) * block  # the token buffer, a multiple of the context
+    out = _generate(params, prompt, lengths, config, key, max_new_tokens, temperature, top_k, top_p, width, block)
     return sampling.first_columns(out, total)
 
 
-@partial(jax.jit, static_argnames=("config", "top_k", "width"))
-def _generate(params, prompt, lengths, config, key, max_new_tokens, temperature, top_k, top_p, width) -> Array:
-    (batch, n_prompt), block = prompt.shape, config.block_size
+@partial(jax.jit, static_argnames=("config", "top_k", "width", "block"))
+def _generate(params, prompt, lengths, config, key, max_new_tokens, temperature, top_k, top_p, width, block) -> Array:
+    batch, n_prompt = prompt.shape
     rows, ones = jnp.arange(batch), jnp.ones((batch,), jnp.int32)
     blocks = stack.unstack(params["blocks"])  # sliced once: the loop reads each layer's weights where they lie
 
@@ -171,7 +161,7 @@ def _generate(params, prompt, lengths, config, key, max_new_tokens, temperature,
         context_len = min(n_prompt, block)
         real = jnp.minimum(lengths, context_len)
         context = windows(tokens, jnp.maximum(lengths, context_len), context_len)
-        cache = init_cache(config, batch, params["wte"]["w"].dtype)
+        cache = init_cache(config, batch, block, dtype=params["wte"]["w"].dtype)
         h, cache = _hidden(params, blocks, cache, context, real, config)
         return embedding.attend(params["wte"], h[rows, real - 1]), cache
 
@@ -196,18 +186,6 @@ def _generate(params, prompt, lengths, config, key, max_new_tokens, temperature,
     )
 
 
-def _check_cache(cache: Any, config: GPTConfig, batch: int) -> None:
-    check_keys(cache, "gpt cache", required=("k", "v", "index"))
-    want = (batch * config.attention.n_kv_head, config.block_size, config.attention.head_dim)
-    for name in ("k", "v"):
-        shapes = [tuple(a.shape) for a in cache[name]] if isinstance(cache[name], list | tuple) else None
-        if shapes is None or len(shapes) != config.n_layer or any(s != want for s in shapes):
-            raise ValueError(
-                f"gpt_decode: cache['{name}'] must be a list of n_layer={config.n_layer} arrays {want} (batch * "
-                f"n_head, block_size, head_dim), got {shapes or type(cache[name]).__name__}; make it with "
-                f"init_cache(config, batch) for this config and batch"
-            )
-    if tuple(cache["index"].shape) != (batch,):
-        raise ValueError(
-            f"gpt_decode: cache['index'] must have shape ({batch},), one per row, got {tuple(cache['index'].shape)}"
-        )
+def _check_cache(cache: Any, config: GPTConfig, batch: int) -> int:
+    head = dict(n_kv_head=config.attention.n_kv_head, head_dim=config.attention.head_dim)
+    return kv_cache.check(cache, batch=batch, n_layer=config.n_layer, **head, most=config.block_size, model="gpt")

@@ -3,16 +3,16 @@
     params, config = gpt_hf.load("path/to/gpt2")          # e.g. a local copy of openai-community/gpt2
     gpt_hf.save(params, config, "path/to/export")          # loadable by transformers' GPT2LMHeadModel
 
-The mapping between the two layouts is the table `WEIGHTS` below, one row per tensor: the Hugging Face
-name, with `{i}` standing for a layer index, our dotted param path, and the transform between the two
-(None: the same array); models/hf_table.py reads it both ways, as it does llama_hf's. Rows with
-`{i}` gather the n_layer per-layer tensors into one array stacked on the leading axis of params["blocks"]
-(and split it on export). Hugging Face's GPT-2 uses Conv1D, which stores
-weights as (in, out) like purejax.nn.linear, so only one transform exists: `QKV`, a column permutation,
-because c_attn's columns are [all q | all k | all v] and purejax.nn.attention's qkv groups them per head,
-[q_0 k_0 v_0 | q_1 k_1 v_1 | ...], so that tensor parallelism can split them (see that module).
+The mapping between the two layouts is the table `WEIGHTS` below, in models/weight_table.py's format, which
+every converter shares: one row per param of ours, with the Hugging Face names (`{i}` standing for a layer
+index), our dotted param path, and the transform between the two. Rows with `{i}` gather the n_layer
+per-layer tensors into one array stacked on the leading axis of params["blocks"] (and split it on export).
+Hugging Face's GPT-2 uses Conv1D, which stores weights as (in, out) like purejax.nn.linear, so one transform
+besides `SAME` is needed: `QKV`, a column permutation, because c_attn's columns are [all q | all k | all v]
+and purejax.nn.attention's qkv groups them per head, [q_0 k_0 v_0 | q_1 k_1 v_1 | ...], so that tensor
+parallelism can split them (see that module).
 
-Checkpoints differ in small ways, all handled by the tables rather than special cases: names may carry a
+Checkpoints differ in small ways, all handled by data rather than special cases: names may carry a
 `transformer.` prefix (saved from GPT2LMHeadModel) or not (GPT2Model); older files store the causal-mask
 buffers attn.bias and attn.masked_bias (`IGNORED`); lm_head.weight is tied to wte, usually absent, and
 checked equal to wte when present. Any mismatch is reported all at once: every missing, unexpected and
@@ -22,73 +22,40 @@ shape-mismatched tensor by its Hugging Face name.
 import json
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models import gpt, hf_table
+from models import gpt, hf_directory, weight_table
+from models.weight_table import QKV, SAME, Row
 from purejax import safetensors
 from purejax import tree as tree_lib
-from purejax.nn import attention
 
-
-class Transform(NamedTuple):
-    """A pair of inverse functions `(array, config) -> array` between a Hugging Face tensor and ours."""
-
-    from_hf: Callable[[np.ndarray, gpt.GPTConfig], np.ndarray]
-    to_hf: Callable[[Any, gpt.GPTConfig], Any]  # array methods only: `expected_shapes` traces it
-
-
-def qkv_from_hf(x: np.ndarray, config: gpt.GPTConfig) -> np.ndarray:
-    """c_attn's [q | k | v] columns (last axis) in purejax.nn.attention's per-head grouped order."""
-    return x[..., attention.qkv_permutation(config.attention)]
-
-
-def qkv_to_hf(x: Any, config: gpt.GPTConfig) -> Any:
-    """The inverse of `qkv_from_hf`, on numpy arrays or (in `expected_shapes`) traced ones."""
-    return x[..., np.argsort(attention.qkv_permutation(config.attention))]
-
-
-QKV = Transform(qkv_from_hf, qkv_to_hf)
-
-WEIGHTS: tuple[tuple[str, str, Transform | None], ...] = (
-    # (Hugging Face GPT-2 name, purejax path, transform)
-    ("wte.weight", "wte.w", None),
-    ("wpe.weight", "wpe.w", None),
-    ("h.{i}.ln_1.weight", "blocks.ln_1.scale", None),
-    ("h.{i}.ln_1.bias", "blocks.ln_1.bias", None),
-    ("h.{i}.attn.c_attn.weight", "blocks.attn.qkv.w", QKV),
-    ("h.{i}.attn.c_attn.bias", "blocks.attn.qkv.b", QKV),
-    ("h.{i}.attn.c_proj.weight", "blocks.attn.proj.w", None),
-    ("h.{i}.attn.c_proj.bias", "blocks.attn.proj.b", None),
-    ("h.{i}.ln_2.weight", "blocks.ln_2.scale", None),
-    ("h.{i}.ln_2.bias", "blocks.ln_2.bias", None),
-    ("h.{i}.mlp.c_fc.weight", "blocks.mlp.fc.w", None),
-    ("h.{i}.mlp.c_fc.bias", "blocks.mlp.fc.b", None),
-    ("h.{i}.mlp.c_proj.weight", "blocks.mlp.proj.w", None),
-    ("h.{i}.mlp.c_proj.bias", "blocks.mlp.proj.b", None),
-    ("ln_f.weight", "ln_f.scale", None),
-    ("ln_f.bias", "ln_f.bias", None),
+WEIGHTS: tuple[Row, ...] = (
+    # (Hugging Face GPT-2 names, purejax path, transform)
+    (("wte.weight",), "wte.w", SAME),
+    (("wpe.weight",), "wpe.w", SAME),
+    (("h.{i}.ln_1.weight",), "blocks.ln_1.scale", SAME),
+    (("h.{i}.ln_1.bias",), "blocks.ln_1.bias", SAME),
+    (("h.{i}.attn.c_attn.weight",), "blocks.attn.qkv.w", QKV),
+    (("h.{i}.attn.c_attn.bias",), "blocks.attn.qkv.b", QKV),
+    (("h.{i}.attn.c_proj.weight",), "blocks.attn.proj.w", SAME),
+    (("h.{i}.attn.c_proj.bias",), "blocks.attn.proj.b", SAME),
+    (("h.{i}.ln_2.weight",), "blocks.ln_2.scale", SAME),
+    (("h.{i}.ln_2.bias",), "blocks.ln_2.bias", SAME),
+    (("h.{i}.mlp.c_fc.weight",), "blocks.mlp.fc.w", SAME),
+    (("h.{i}.mlp.c_fc.bias",), "blocks.mlp.fc.b", SAME),
+    (("h.{i}.mlp.c_proj.weight",), "blocks.mlp.proj.w", SAME),
+    (("h.{i}.mlp.c_proj.bias",), "blocks.mlp.proj.b", SAME),
+    (("ln_f.weight",), "ln_f.scale", SAME),
+    (("ln_f.bias",), "ln_f.bias", SAME),
 )
-# The same rows in the form models/hf_table.py reads both ways (a list of tensors per row).
-_ROWS = tuple(
-    (
-        (name,),
-        path,
-        hf_table.SAME
-        if t is None
-        else hf_table.Transform(
-            lambda parts, config, t=t: t.from_hf(parts[0], config), lambda x, config, t=t: [t.to_hf(x, config)]
-        ),
-    )
-    for name, path, t in WEIGHTS
-)
-IGNORED: tuple[str, ...] = ("h.{i}.attn.bias", "h.{i}.attn.masked_bias")  # causal-mask buffers, not weights
+IGNORED = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")  # causal-mask buffers, not weights
 TIED_HEAD = "lm_head.weight"
 PREFIX = "transformer."
 
@@ -163,10 +130,15 @@ def config_to_hf(config: gpt.GPTConfig) -> dict[str, Any]:
 # ---------------------------------------------------------------- tensors
 
 
+def table(config: gpt.GPTConfig) -> tuple[Row, ...]:
+    """The rows for `config`: `WEIGHTS`, whatever the sizes (the head is always tied, the biases always there)."""
+    return WEIGHTS
+
+
 def expected_shapes(config: gpt.GPTConfig) -> dict[str, jax.ShapeDtypeStruct]:
     """Every tensor a GPT-2 file for `config` must hold, by Hugging Face name (no prefix), with its shape."""
     shapes = jax.eval_shape(partial(gpt.init, config=config), jax.random.key(0))
-    return hf_table.expected_shapes(_ROWS, shapes, config, config.n_layer)
+    return weight_table.expected_shapes(table(config), shapes, config, n_layer=config.n_layer)
 
 
 def from_hf(
@@ -177,19 +149,17 @@ def from_hf(
     shape-mismatched tensor; `source` says where the tensors came from in that message."""
     tensors = {name.removeprefix(PREFIX): value for name, value in tensors.items()}
     head = tensors.pop(TIED_HEAD, None)
-    ignored = [re.compile(re.escape(pattern).replace(re.escape("{i}"), r"\d+")) for pattern in IGNORED]
-    tensors = {name: value for name, value in tensors.items() if not any(p.fullmatch(name) for p in ignored)}
-    report = tree_lib.diff(tensors, expected_shapes(config), check_dtype=False)
-    if not report.ok:
-        sizes = f"n_layer={config.n_layer}, n_embd={config.n_embd}, vocab_size={config.vocab_size}"
-        name = f"{source} (GPT-2 with {sizes}, n_positions={config.block_size})"
-        raise tree_lib.TreeMismatchError(report.format(name))
+    tensors = {name: value for name, value in tensors.items() if not IGNORED.fullmatch(name)}
+    sizes = f"n_layer={config.n_layer}, n_embd={config.n_embd}, vocab_size={config.vocab_size}"
+    what = f"{source} (GPT-2 with {sizes}, n_positions={config.block_size})"
+    tree_lib.assert_like(tensors, expected_shapes(config), what, check_dtype=False)
     if head is not None and not np.array_equal(np.asarray(head), np.asarray(tensors["wte.weight"])):
         raise ValueError(
             f"{TIED_HEAD} differs from wte.weight: this model ties its output head to the token embedding, "
             f"so it cannot hold a separately trained head"
         )
-    return hf_table.from_tensors(_ROWS, tensors, config, config.n_layer, partial(jnp.asarray, dtype=dtype))
+    convert = weight_table.cast_to(dtype)
+    return weight_table.from_tensors(table(config), tensors, config, n_layer=config.n_layer, convert=convert)
 
 
 def to_hf(params: gpt.Params, config: gpt.GPTConfig, *, prefix: str = PREFIX) -> dict[str, np.ndarray]:
@@ -198,7 +168,8 @@ def to_hf(params: gpt.Params, config: gpt.GPTConfig, *, prefix: str = PREFIX) ->
     expected = jax.eval_shape(partial(gpt.init, config=config), jax.random.key(0))
     tree_lib.assert_like(params, expected, "params", check_dtype=False)
     flat = {path: np.asarray(x) for path, x in tree_lib.flatten(params).items()}
-    return {prefix + name: x for name, x in hf_table.to_tensors(_ROWS, flat, config, config.n_layer).items()}
+    tensors = weight_table.to_tensors(table(config), flat, config, n_layer=config.n_layer)
+    return {prefix + name: x for name, x in tensors.items()}
 
 
 # ---------------------------------------------------------------- directories
@@ -207,9 +178,9 @@ def to_hf(params: gpt.Params, config: gpt.GPTConfig, *, prefix: str = PREFIX) ->
 def load(directory: str | os.PathLike, *, dtype: Any = jnp.float32) -> tuple[gpt.Params, gpt.GPTConfig]:
     """(params, config) from a Hugging Face GPT-2 directory: config.json and model.safetensors, or shards
     listed in model.safetensors.index.json. Nothing is downloaded and no pickle is read."""
-    hf, source = hf_table.read_config(directory)
+    hf, source = hf_directory.read_config(directory)
     config = config_from_hf(hf, source=source)
-    tensors = hf_table.read_weights(directory)
+    tensors = hf_directory.read_weights(directory)
     return from_hf(tensors, config, dtype=dtype, source=str(directory)), config
 
 

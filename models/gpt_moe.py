@@ -6,14 +6,16 @@ token through its expert_top_k of them, at most capacity_factor times an even sh
                                "experts": {"fc", "proj"}, every leaf (n_layer, n_experts, ...)}
     loss = cross-entropy + moe_aux_weight * mean over layers of the Switch load-balancing loss
 
-The statistics (`moe.apply`'s: the load-balancing loss and the dropped share of assignments) are summed over
-the blocks through gpt.hidden's scan and averaged over the layers: `metrics` gives them to the training log.
+In gpt.py's block the experts are one more feed-forward choice (`feed_forward`, which drops the statistics).
+The loss reads them: `block` is the block with its statistics (`moe.apply`'s: the load-balancing loss and the
+dropped share of assignments), which gpt_parallel sums over the blocks and averages over the layers
+(`aux_loss`; `metrics` gives them to the training log).
 The weight 0.01 is the Switch Transformer's (Fedus et al. 2021, sec. 2.2); the mean over layers keeps its
 meaning whatever the depth. Dropout, when on, applies to the layer's output as to the dense MLP's.
 
-Under a mesh (models/gpt_parallel.py) `MoEAxes` names the axes the tokens are split over (the
-statistics are summed over them: the whole batch's) and the expert axis, with expert parallelism
-(purejax/parallel/experts.py).
+Under a mesh (models/gpt_parallel.py, whose SHARDING_RULES place the experts) `MoEAxes` names the axes the
+tokens are split over (the statistics are summed over them: the whole batch's) and the expert axis, with
+expert parallelism (purejax/parallel/experts.py).
 """
 
 from collections.abc import Callable, Mapping
@@ -23,21 +25,12 @@ import jax
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from purejax.nn import dropout, initializers, moe
-from purejax.parallel.experts import EXPERT
-from purejax.parallel.mesh import MODEL, MeshAxes
+from purejax import random as prandom
+from purejax.nn import attention, dropout, initializers, layer_norm, moe
+from purejax.parallel.mesh import MeshAxes
 
 Params = dict[str, Any]
 Stats = dict[str, Array]
-
-# gpt_parallel's rows for the experts (leading axes: layer, expert): the expert axis over EXPERT (the data
-# axis with expert parallelism, else whole), each expert's MLP Megatron-split over MODEL as the dense one.
-SHARDING_RULES: tuple[tuple[str, P], ...] = (
-    (r"blocks\.moe\.experts\.fc\.w", P(None, EXPERT, None, MODEL)),  # column-parallel
-    (r"blocks\.moe\.experts\.fc\.b", P(None, EXPERT, MODEL)),
-    (r"blocks\.moe\.experts\.proj\.w", P(None, EXPERT, MODEL, None)),  # row-parallel
-    (r"blocks\.moe\.experts\.proj\.b", P(None, EXPERT)),
-)
 
 
 @runtime_checkable
@@ -56,6 +49,9 @@ class MoESettings(Protocol):
 
     @property
     def activation(self) -> Callable[[Array], Array]: ...
+
+    @property
+    def attention(self) -> attention.AttentionConfig: ...
 
 
 class MoEAxes(NamedTuple):
@@ -111,6 +107,32 @@ def apply(
     return dropout.apply(y, rate=config.dropout, key=key), stats
 
 
+def feed_forward(
+    params: Params, h: Float[Array, "batch seq d_model"], config: MoESettings, **kwargs: Any
+) -> Float[Array, "batch seq d_model"]:
+    """The mixture of experts as the block's feed-forward (`gpt.feed_forward`): `apply`'s output alone."""
+    return apply(params, h, config, **kwargs)[0]
+
+
+def block(
+    params: Params,
+    x: Float[Array, "batch seq d_model"],
+    config: MoESettings,
+    *,
+    key: PRNGKeyArray | None = None,
+    axis_name: str | None = None,
+    moe_axes: MoEAxes | None = None,
+) -> tuple[Float[Array, "batch seq d_model"], Stats]:
+    """`gpt.block` with the experts as its MLP, and their statistics: x + attn(ln_1(x)), then x + moe(ln_2(x)).
+    Written out here (not `gpt.block` with `feed_forward`) because the statistics are a second output."""
+    keys = prandom.named_keys(key, "attn", "mlp") if key is not None else {"attn": None, "mlp": None}
+    h = layer_norm.apply(params["ln_1"], x)
+    x = x + attention.apply(params["attn"], h, config.attention, key=keys["attn"], axis_name=axis_name)
+    h = layer_norm.apply(params["ln_2"], x)
+    y, stats = apply(params["moe"], h, config, key=keys["mlp"], axis_name=axis_name, moe_axes=moe_axes)
+    return x + y, stats
+
+
 def no_stats(config: MoESettings) -> Stats:
     """The statistics before the first block: zeros for a mixture of experts, none for a dense GPT."""
     return {"aux": jax.numpy.float32(0.0), "dropped": jax.numpy.float32(0.0)} if config.n_experts else {}
@@ -129,7 +151,7 @@ def aux_loss(stats: Stats, config: MoESettings) -> Float[Array, ""]:
 
 def idle_params(params: Params, config: MoESettings) -> int:
     """The expert parameters a token does not use: all but its expert_top_k of n_experts (0 when dense), left
-    out of the FLOPs per token (`gpt.flops_per_token`) as MoE papers count active parameters."""
+    out of the FLOPs per token (`gpt_flops.flops_per_token`) as MoE papers count active parameters."""
     if not config.n_experts:
         return 0
     experts = sum(leaf.size for leaf in jax.tree.leaves(params["blocks"]["moe"]["experts"]))

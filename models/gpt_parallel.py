@@ -17,7 +17,8 @@ What each axis of `axes` (a `purejax.parallel.MeshAxes`) does here; docs/paralle
   shard's dropout key belong to the training step (purejax/parallel/step.py), not to the model.
 - `axes.fsdp`: ZeRO-3, every matrix also split over the data axis at rest (`parallel.fsdp_specs`): wte and wpe
   are all-gathered once per pass, each block's params inside the scan, one layer at a time under
-  `jax.checkpoint` (`parallel.gathered`); `jax.grad` turns each all-gather into a reduce-scatter.
+  `jax.checkpoint` (`parallel.gathered` wraps the block: `stack.run`'s `wrap`); `jax.grad` turns each
+  all-gather into a reduce-scatter.
 - `axes.context`: context parallelism, the sequence split over it in zig-zag order
   (`purejax.parallel.context.to_ring_order` reorders a batch): each device embeds its tokens at their global
   positions, attention runs as a ring (`purejax.parallel.ring_attention`, n-1 `ppermute`s of a key/value
@@ -38,11 +39,11 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, ArrayLike, Float, Integer, PRNGKeyArray
 
-from models import gpt, gpt_moe
+from models import gpt, gpt_moe, on_mesh
 from models.gpt import GPTConfig, Params
-from purejax import losses, parallel
+from purejax import parallel
 from purejax import random as prandom
-from purejax.nn import attention, embedding, layer_norm, linear, mlp
+from purejax.nn import attention, embedding, layer_norm, linear, stack
 from purejax.parallel import MODEL, MeshAxes, context, sequence
 from purejax.parallel.experts import EXPERT
 from purejax.parallel.ring_attention import ring_attention
@@ -57,38 +58,28 @@ SHARDING_RULES: tuple[tuple[str, P], ...] = (
     (r"blocks\.mlp\.fc\.w", P(None, None, MODEL)),  # column-parallel
     (r"blocks\.mlp\.fc\.b", P(None, MODEL)),
     (r"blocks\.mlp\.proj\.w", P(None, MODEL, None)),  # row-parallel
-    *gpt_moe.SHARDING_RULES,  # mixture of experts: the experts over the data axis with ep (parallel/experts.py)
+    # mixture of experts (gpt_moe.py; leading axes: layer, expert): the experts over EXPERT (the data axis with
+    # expert parallelism, parallel/experts.py, else whole), each expert's MLP Megatron-split as the dense one
+    (r"blocks\.moe\.experts\.fc\.w", P(None, EXPERT, None, MODEL)),  # column-parallel
+    (r"blocks\.moe\.experts\.fc\.b", P(None, EXPERT, MODEL)),
+    (r"blocks\.moe\.experts\.proj\.w", P(None, EXPERT, MODEL, None)),  # row-parallel
+    (r"blocks\.moe\.experts\.proj\.b", P(None, EXPERT)),
     (r".*", P()),  # wpe, LayerNorms, the row-parallel biases, the MoE router: replicated
 )
-
-
-@functools.cache
-def _shapes(config: GPTConfig) -> Params:
-    """The params' global shapes (ShapeDtypeStructs), traced once per config."""
-    return jax.eval_shape(functools.partial(gpt.init, config=config), jax.random.key(0))
+VOCAB_HINT = " (the training program pads it up to a multiple of tp)"
 
 
 def param_specs(config: GPTConfig, axes: MeshAxes, axis_sizes: Mapping[str, int]) -> Params:
     """A PartitionSpec for every param of a GPT with `config` run under `axes` on a mesh with these axis sizes
     (`mesh.shape`): `SHARDING_RULES`, plus the data axis on every matrix with `axes.fsdp`
     (`purejax.parallel.fsdp_specs`). Raises if a split would be uneven, naming the size to change."""
-    tp = axis_sizes[axes.model] if axes.model is not None else 1
-    for name, value in (("n_head", config.n_head), ("vocab_size", config.vocab_size)):
-        if value % tp:
-            hint = " (the training program pads it up to a multiple of tp)" if name == "vocab_size" else ""
-            raise ValueError(
-                f"gpt: {name}={value} cannot be split over the {tp} devices of tensor-parallel axis "
-                f"{axes.model!r}; tensor parallelism needs {name} divisible by {tp}{hint}"
-            )
-    shapes = _shapes(config)
+    on_mesh.tensor_parallel_size(config, ("n_head", "vocab_size"), axes, axis_sizes, "gpt", VOCAB_HINT)
     gpt_moe.mesh_axes(config, axes, axis_sizes)  # checks the MoE options against the mesh
     roles = {MODEL: axes.model, EXPERT: axes.data if axes.ep else None}
-    specs = parallel.specs_from_rules(shapes, SHARDING_RULES, roles)
-    if axes.fsdp:
-        fsdp = parallel.fsdp_specs(shapes, specs, axes.data, axis_sizes[axes.data], stacked=("blocks",))
-        specs = gpt_moe.fsdp_specs(specs, fsdp, axes)  # with ep, the experts stay split as the rules say
-    parallel.check_divisible(shapes, specs, axis_sizes)
-    return specs
+    keep = functools.partial(gpt_moe.fsdp_specs, axes=axes)  # with ep, the experts stay split as the rules say
+    return on_mesh.param_specs(
+        on_mesh.param_shapes(gpt.init, config), SHARDING_RULES, roles, axes, axis_sizes, keep=keep
+    )
 
 
 def hidden(
@@ -146,19 +137,8 @@ def loss_and_metrics(
     the cross-entropy plus moe_aux_weight times the load-balancing loss, both the whole batch's."""
     axes = MeshAxes() if axes is None else axes
     params, h, stats = _forward(params, batch[0], config, key, axes)
-    ce = _cross_entropy(embedding.attend(params["wte"], h), batch[1], axes)
+    ce = on_mesh.cross_entropy(embedding.attend(params["wte"], h), batch[1], axes)
     return (ce + gpt_moe.aux_loss(stats, config), gpt_moe.metrics(stats, config)) if stats else (ce, {})
-
-
-def _cross_entropy(logits: Float[Array, "batch seq vocab"], targets: Any, axes: MeshAxes) -> Float[Array, ""]:
-    """The mean token loss of the whole batch (see `loss`), from this device's logits."""
-    per_token = losses.cross_entropy(logits, targets, ignore_index=-1, axis_name=axes.model)
-    if axes.context is None:
-        return losses.masked_mean(per_token, jnp.asarray(targets) != -1, axis_name=axes.data)
-    mask = (jnp.asarray(targets) != -1).astype(jnp.float32)
-    total, count = jnp.sum(per_token.astype(jnp.float32) * mask), jnp.sum(mask)
-    total, count = jax.lax.psum((total, count), tuple(a for a in (axes.data, axes.context) if a is not None))
-    return total / jnp.maximum(count, 1.0)
 
 
 def _forward(params: Params, idx: Any, config: GPTConfig, key: Any, axes: MeshAxes | None) -> tuple[Params, Array, Any]:
@@ -166,24 +146,60 @@ def _forward(params: Params, idx: Any, config: GPTConfig, key: Any, axes: MeshAx
     checking that the params are this device's shards."""
     axes = MeshAxes() if axes is None else axes
     if axes == MeshAxes():
-        return params, *gpt.hidden_with_stats(params, idx, config, key=key)
-    sizes = {name: jax.lax.axis_size(name) for name in (axes.data, axes.model) if name is not None}
-    specs = param_specs(config, axes, sizes)
-    check_shards(params, config, specs)
-    wrap_block = None
-    if axes.fsdp:  # the top-level matrices once per pass; each block's inside the scan, as it runs
-        top = {name: value for name, value in params.items() if name != "blocks"}
-        params = {**parallel.gather(top, {name: specs[name] for name in top}, axes.data), "blocks": params["blocks"]}
+        return params, *_hidden(params, idx, config, key)
+    shapes = on_mesh.param_shapes(gpt.init, config)
+    params, specs, sizes = on_mesh.enter(params, config, axes, param_specs, shapes, "gpt params")
+    wrap = None
+    if axes.fsdp:  # each block's params gathered inside the scan, as it runs
         layer_specs = gpt_moe.gathered_specs(parallel.layer_specs(specs["blocks"]), axes)
-        wrap_block = functools.partial(parallel.gathered, specs=layer_specs, axis=axes.data)
+        wrap = functools.partial(parallel.gathered, specs=layer_specs, axis=axes.data)
     if axes.context is not None:
-        return params, _context_hidden(params, idx, config, key, axes, wrap_block), {}
+        return params, _context_hidden(params, idx, config, key, axes, wrap), {}
     if axes.sequence_parallel:
-        return params, _sequence_hidden(params, idx, config, key, axes.model, wrap_block), {}
+        return params, _sequence_hidden(params, idx, config, key, axes.model, wrap), {}
     moe_axes = gpt_moe.mesh_axes(config, axes, sizes)
-    return params, *gpt.hidden_with_stats(
-        params, idx, config, key=key, axis_name=axes.model, wrap_block=wrap_block, moe_axes=moe_axes
-    )
+    return params, *_hidden(params, idx, config, key, axes.model, wrap, moe_axes)
+
+
+def _dropout_keys(key: PRNGKeyArray | None, config: GPTConfig) -> dict[str, Any]:
+    """gpt.hidden's keys: the embedding's dropout and the blocks' (None when dropout is off)."""
+    if key is None or config.dropout == 0:
+        return {"embd": None, "blocks": None}
+    return prandom.named_keys(key, "embd", "blocks")
+
+
+def _run(layer: Callable, params: Params, x: Any, config: GPTConfig, key: Any, wrap: Callable | None) -> Any:
+    """The blocks as gpt.hidden runs them (`stack.run`), each wrapped by `wrap` (FSDP's gather) if given."""
+    return stack.run(layer, params["blocks"], x, mode=config.layers, remat=config.remat, key=key, wrap=wrap)
+
+
+def _hidden(
+    params: Params,
+    idx: Any,
+    config: GPTConfig,
+    key: PRNGKeyArray | None,
+    axis_name: str | None = None,
+    wrap: Callable | None = None,
+    moe_axes: gpt_moe.MoEAxes | None = None,
+) -> tuple[Float[Array, "batch seq d_model"], gpt_moe.Stats]:
+    """`gpt.hidden` with `wrap` around each block, and a mixture of experts' statistics summed over the blocks
+    (`gpt_moe.block`; {} when dense)."""
+    idx = jnp.asarray(idx)
+    gpt.check_inputs(params, idx, config, axis_name=axis_name)
+    keys = _dropout_keys(key, config)
+    x = gpt.embed(params, idx, config, key=keys["embd"], axis_name=axis_name)
+
+    def dense_layer(p, x, key):
+        return gpt.block(p, x, config, key=key, axis_name=axis_name)
+
+    def experts_layer(p, carry, key):  # the statistics summed in the carry
+        x, stats = gpt_moe.block(p, carry[0], config, key=key, axis_name=axis_name, moe_axes=moe_axes)
+        return x, jax.tree.map(jnp.add, carry[1], stats)
+
+    if not config.n_experts:
+        return layer_norm.apply(params["ln_f"], _run(dense_layer, params, x, config, keys["blocks"], wrap)), {}
+    x, stats = _run(experts_layer, params, (x, gpt_moe.no_stats(config)), config, keys["blocks"], wrap)
+    return layer_norm.apply(params["ln_f"], x), stats
 
 
 def _context_hidden(
@@ -192,10 +208,10 @@ def _context_hidden(
     config: GPTConfig,
     key: PRNGKeyArray | None,
     axes: MeshAxes,
-    wrap_block: Callable | None,
+    wrap: Callable | None,
 ) -> Float[Array, "batch t d_model"]:
     """`gpt.hidden` for this device's tokens of a sequence split over `axes.context` (zig-zag order): wpe at
-    their global positions, and each block's attention through the ring."""
+    their global positions, and each block's attention through the ring (`_ring_attention`)."""
     if key is not None and config.dropout > 0:
         raise ValueError(
             f"gpt: dropout={config.dropout} with context parallelism (axis {axes.context!r}), but ring attention "
@@ -211,25 +227,28 @@ def _context_hidden(
         )
     positions = context.positions(jax.lax.axis_index(axes.context), n, idx.shape[1], zigzag=True)
     x = embedding.apply(params["wte"], idx, axis_name=axes.model) + embedding.apply(params["wpe"], positions)
+    ring = functools.partial(_ring_attention, context_axis=axes.context)
 
     def layer(p, x, key):  # no dropout under context parallelism (checked above): the key is unused
-        return _ring_block(p, x, config, axes)
+        return gpt.block(p, x, config, axis_name=axes.model, attend=ring)
 
-    return layer_norm.apply(
-        params["ln_f"], gpt.run_blocks(layer, params["blocks"], x, config, key=None, wrap_block=wrap_block)
-    )
+    return layer_norm.apply(params["ln_f"], _run(layer, params, x, config, None, wrap))
 
 
-def _ring_block(
-    p: Params, x: Float[Array, "batch t d_model"], config: GPTConfig, axes: MeshAxes
+def _ring_attention(
+    params: Params,
+    h: Float[Array, "batch t d_model"],
+    config: attention.AttentionConfig,
+    *,
+    key: None = None,
+    axis_name: str | None = None,
+    context_axis: str,
 ) -> Float[Array, "batch t d_model"]:
-    """`gpt.block` (no dropout) with ring attention over `axes.context` on this device's heads (`axes.model`)."""
-    batch, t, _ = x.shape
-    q, k, v = attention.qkv_heads(p["attn"], layer_norm.apply(p["ln_1"], x), config.attention, axis_name=axes.model)
-    out = ring_attention(q, k, v, axis_name=axes.context, zigzag=True).reshape(batch, t, -1)
-    x = x + linear.apply(p["attn"]["proj"], out, axis_name=axes.model)
-    h = layer_norm.apply(p["ln_2"], x)
-    return x + mlp.apply(p["mlp"], h, activation=config.activation, axis_name=axes.model)
+    """`attention.apply` (no dropout) with ring attention over `context_axis` on this device's heads."""
+    batch, t, _ = h.shape
+    q, k, v = attention.qkv_heads(params, h, config, axis_name=axis_name)
+    out = ring_attention(q, k, v, axis_name=context_axis, zigzag=True).reshape(batch, t, -1)
+    return linear.apply(params["proj"], out, axis_name=axis_name)
 
 
 def _sequence_hidden(
@@ -238,7 +257,7 @@ def _sequence_hidden(
     config: GPTConfig,
     key: PRNGKeyArray | None,
     axis: str,
-    wrap_block: Callable | None,
+    wrap: Callable | None,
 ) -> Float[Array, "batch seq d_model"]:
     """`gpt.hidden` with the residual stream on this device's slice of the sequence (`axis`): the vocab-parallel
     embedding reduce-scattered, each block on the slice, ln_f on it, then the whole sequence gathered for the
@@ -248,32 +267,24 @@ def _sequence_hidden(
     sequence.check_length(idx.shape[1], axis)
     if config.n_experts:
         raise ValueError(f"gpt: sequence parallelism has the dense MLP only, but n_experts={config.n_experts}")
-    keys = prandom.named_keys(key, "embd", "blocks") if key is not None and config.dropout > 0 else None
+    keys = _dropout_keys(key, config)
     positions = sequence.local_slice(jnp.arange(idx.shape[1]), axis, axis=0)
     x = sequence.scatter(embedding.vocab_shard_rows(params["wte"], idx, axis_name=axis), axis)
     x = x + embedding.apply(params["wpe"], positions)
-    x = sequence.local_dropout(x, rate=config.dropout, key=keys and keys["embd"], axis_name=axis)
+    x = sequence.local_dropout(x, rate=config.dropout, key=keys["embd"], axis_name=axis)
 
-    def layer(p, x, key):
-        return _sequence_block(p, x, config, key, axis)
+    def layer(p, x, key):  # the block on this device's slice: both sublayers gather before, scatter after
+        return gpt.block(p, x, config, key=key, axis_name=axis, attend=sequence.attention, feed_forward=_sequence_mlp)
 
-    x = gpt.run_blocks(layer, params["blocks"], x, config, key=keys and keys["blocks"], wrap_block=wrap_block)
+    x = _run(layer, params, x, config, keys["blocks"], wrap)
     return sequence.gather(layer_norm.apply(params["ln_f"], x), axis)
 
 
-def _sequence_block(
-    p: Params, x: Float[Array, "batch t d_model"], config: GPTConfig, key: PRNGKeyArray | None, axis: str
-) -> Float[Array, "batch t d_model"]:
-    """`gpt.block` on this device's slice of the sequence (`axis`): x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
-    keys = prandom.named_keys(key, "attn", "mlp") if key is not None else {"attn": None, "mlp": None}
-    h = layer_norm.apply(p["ln_1"], x)
-    x = x + sequence.attention(p["attn"], h, config.attention, key=keys["attn"], axis_name=axis)
-    h = layer_norm.apply(p["ln_2"], x)
-    return x + sequence.mlp(
-        p["mlp"], h, activation=config.activation, dropout=config.dropout, key=keys["mlp"], axis_name=axis
-    )
+def _sequence_mlp(p: Params, h: Array, config: GPTConfig, *, key: Any = None, axis_name: str) -> Array:
+    """The block's MLP (`gpt.feed_forward`) on this device's slice of the sequence (`sequence.mlp`)."""
+    return sequence.mlp(p["mlp"], h, activation=config.activation, dropout=config.dropout, key=key, axis_name=axis_name)
 
 
 def check_shards(params: Params, config: GPTConfig, specs: Params) -> None:
     """Inside `shard_map`: raise, naming every leaf, unless each param is this device's shard as `specs` say."""
-    parallel.check_shards(params, _shapes(config), specs, "gpt params")
+    parallel.check_shards(params, on_mesh.param_shapes(gpt.init, config), specs, "gpt params")

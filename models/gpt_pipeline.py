@@ -30,8 +30,9 @@ from jaxtyping import Array, Float, Integer, PRNGKeyArray
 from models import gpt
 from purejax import losses
 from purejax import random as prandom
-from purejax.nn import dropout, embedding, layer_norm, stack
-from purejax.parallel import pipeline, schedules
+from purejax.nn import embedding, layer_norm, stack
+from purejax.parallel import pipeline
+from purejax.parallel import pipeline_schedules as schedules
 from purejax.parallel.mesh import PIPE, MeshAxes
 
 
@@ -54,9 +55,7 @@ def stage_forward(
     keys = prandom.named_keys(key, "embd", "blocks") if dropout_on else {"embd": None}
 
     def embed():
-        positions = embedding.apply(params["wpe"], jnp.arange(idx.shape[1]))
-        h = embedding.apply(params["wte"], idx, axis_name=axes.model) + positions
-        return dropout.apply(h, rate=config.dropout, key=keys["embd"])
+        return gpt.embed(params, idx, config, key=keys["embd"], axis_name=axes.model)
 
     x = jax.lax.cond(s == 0, embed, lambda: x)
     n_local = stack.depth(params["blocks"], "params['blocks']")

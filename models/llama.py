@@ -19,14 +19,12 @@ params = {"embed": embedding (vocab_size, d_model),
 attn.qkv's columns are in `purejax.nn.attention`'s grouped order ([q.. k v] per key/value head), not Hugging
 Face's separate q_proj / k_proj / v_proj: `attention.qkv_permutation` converts (llama_hf.py does).
 
-Beside this page: `llama_decode` (a key/value cache sized by the kv heads, `generate`), `llama_parallel` (the
-same functions on a device mesh), `llama_hf` (Hugging Face weights). The one mesh concept here is `axis_name`,
-Megatron-LM tensor parallelism's axis: heads, MLP units and vocabulary split over it inside `shard_map`.
+Beside this page: `llama_decode` (a key/value cache sized by the kv heads), `llama_parallel` (on a device mesh),
+`llama_hf` (Hugging Face weights). The one mesh concept here is `axis_name`, as in gpt.py.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +34,7 @@ from purejax import losses
 from purejax import random as prandom
 from purejax import tree as tree_lib
 from purejax.nn import attention, check_keys, embedding, gated_mlp, initializers, linear, rms_norm, rotary, stack
+from purejax.nn import remat as remat_lib
 from purejax.nn.rotary import LinearScaling, Llama3Scaling, RopeScaling
 
 Params = dict[str, Any]
@@ -56,7 +55,8 @@ class LlamaConfig:
         rope_scaling: None, `LinearScaling(factor)` or `Llama3Scaling(...)` (`purejax.nn.rotary`).
         norm_eps: RMSNorm's epsilon (Hugging Face's rms_norm_eps).
         tie_embeddings: the output head is embed.w transposed (no "head" param), as Llama 3.2 1B and 3B.
-        layers: "scan" (compile time flat in depth) or "loop"; the same maths, equal to float32 rounding.
+        layers, remat: as GPTConfig's (`stack.run`): "scan" (the default here), "loop" or "auto"; "none",
+            "block" or a policy, what each block keeps for the backward pass (purejax/nn/remat.py).
         attention_impl: passed to `purejax.nn.attention` ("auto", "fused" or "einsum").
     """
 
@@ -71,8 +71,9 @@ class LlamaConfig:
     rope_scaling: RopeScaling | None = None
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
-    layers: Literal["scan", "loop"] = "scan"
+    layers: stack.Mode = "scan"
     attention_impl: attention.Impl = "auto"
+    remat: str = "none"
 
     def __post_init__(self):
         for name in ("vocab_size", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff", "max_seq_len"):
@@ -98,8 +99,9 @@ class LlamaConfig:
                 f"LlamaConfig: rope_scaling must be None, rotary.LinearScaling or rotary.Llama3Scaling, "
                 f"got {self.rope_scaling!r}"
             )
-        if self.layers not in ("scan", "loop"):
-            raise ValueError(f"LlamaConfig: layers must be 'scan' or 'loop', got {self.layers!r}")
+        for name, allowed in (("layers", stack.MODES), ("remat", remat_lib.CHOICES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"LlamaConfig: {name} must be one of {allowed}, got {getattr(self, name)!r}")
         self.attention  # noqa: B018 - builds the AttentionConfig, so its errors (impl) surface here
 
     @property
@@ -203,26 +205,22 @@ def hidden(
     idx: Integer[ArrayLike, "batch seq"],
     config: LlamaConfig,
     *,
-    positions: Integer[ArrayLike, " seq"] | None = None,
+    key: PRNGKeyArray | None = None,
     axis_name: str | None = None,
-    wrap_block: Callable[[Callable], Callable] | None = None,
+    positions: Integer[ArrayLike, " seq"] | None = None,
 ) -> Float[Array, "batch seq d_model"]:
-    """Token ids to the final RMSNorm's output, the head's input. `positions` are the tokens' positions,
-    arange(seq) unless given (a continuation at an offset). `wrap_block` wraps the per-layer function
-    `(layer_params, x) -> x` before the blocks run (llama_parallel gathers fully sharded params with it)."""
+    """Token ids to the final RMSNorm's output, the head's input; the blocks run as `config.layers` and
+    `config.remat` say (`stack.run`, as the GPT's). `positions` are the tokens' positions, arange(seq) unless
+    given (a continuation at an offset). `key` is unused (no dropout): GPT and Llama are called alike."""
     idx = jnp.asarray(idx)
     check_inputs(params, idx, config, axis_name=axis_name)
     positions = jnp.arange(idx.shape[1]) if positions is None else jnp.asarray(positions)
     x = embedding.apply(params["embed"], idx, axis_name=axis_name)
 
-    def layer(p, x):
-        return block(p, x, positions, config, axis_name=axis_name)
+    def layer(layer_params, x, key):  # no dropout: the key is None
+        return block(layer_params, x, positions, config, axis_name=axis_name)
 
-    layer = layer if wrap_block is None else wrap_block(layer)
-    if config.layers == "scan":
-        x = stack.scan(layer, params["blocks"], x)
-    else:
-        x = stack.loop(layer, stack.unstack(params["blocks"]), x)  # slices per layer: free under jit
+    x = stack.run(layer, params["blocks"], x, mode=config.layers, remat=config.remat)
     return rms_norm.apply(params["norm"], x, eps=config.norm_eps)
 
 
@@ -232,10 +230,15 @@ def unembed(params: Params, h: Float[Array, "*batch d_model"], config: LlamaConf
 
 
 def apply(
-    params: Params, idx: Integer[ArrayLike, "batch seq"], config: LlamaConfig, *, axis_name: str | None = None
+    params: Params,
+    idx: Integer[ArrayLike, "batch seq"],
+    config: LlamaConfig,
+    *,
+    key: PRNGKeyArray | None = None,
+    axis_name: str | None = None,
 ) -> Float[Array, "batch seq vocab"]:
     """Logits for every position. With `axis_name` (tensor parallelism, inside `shard_map`), this device's
-    slice of the vocabulary. No dropout: Llama trains without it."""
+    slice of the vocabulary. No dropout, Llama trains without it: `key` is unused (the GPT's signature)."""
     return unembed(params, hidden(params, idx, config, axis_name=axis_name), config)
 
 
@@ -244,14 +247,14 @@ def loss(
     batch: tuple[Integer[ArrayLike, "batch seq"], Integer[ArrayLike, "batch seq"]],
     config: LlamaConfig,
     *,
+    key: PRNGKeyArray | None = None,
     axis_name: str | None = None,
 ) -> Float[Array, ""]:
     """Mean next-token cross-entropy of `(idx, targets)`, in float32; targets of -1 are ignored and not
-    counted. With `axis_name`, from the vocab-parallel logits, never gathered."""
-    idx, targets = batch
-    logits = apply(params, idx, config, axis_name=axis_name)
-    per_token = losses.cross_entropy(logits, targets, ignore_index=-1, axis_name=axis_name)
-    return losses.masked_mean(per_token, jnp.asarray(targets) != -1)
+    counted. With `axis_name`, from the vocab-parallel logits, never gathered. `key` is unused (no dropout)."""
+    logits = apply(params, batch[0], config, axis_name=axis_name)
+    per_token = losses.cross_entropy(logits, batch[1], ignore_index=-1, axis_name=axis_name)
+    return losses.masked_mean(per_token, jnp.asarray(batch[1]) != -1)
 
 
 def num_params(params: Params, non_embedding: bool = True) -> int:

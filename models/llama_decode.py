@@ -29,28 +29,23 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Int, Integer, PRNGKeyArray
 
-from models import llama
+from models import kv_cache, llama
 from models.llama import LlamaConfig, Params
 from purejax import sampling
-from purejax.nn import check_keys, embedding, gated_mlp, linear, rms_norm, stack
+from purejax.nn import embedding, gated_mlp, linear, rms_norm, stack
 from purejax.nn.attention_cache import cached_attention
 
-Cache = dict[str, Any]
+Cache = kv_cache.Cache
 
 
 def init_cache(config: LlamaConfig, batch: int, max_len: int | None = None, *, dtype: Any = jnp.float32) -> Cache:
-    """An empty key/value cache for `max_len` positions (default config.max_seq_len): {"k", "v": lists of n_layer
-    arrays (batch * n_kv_head, max_len, head_dim), row b's heads at [b * n_kv_head, (b + 1) * n_kv_head);
-    "index": (batch,) int32, the positions each row has written}."""
+    """An empty cache (models/kv_cache.py) for `max_len` positions, by default and at most config.max_seq_len:
+    {"k", "v": lists of n_layer arrays (batch * n_kv_head, max_len, head_dim); "index": (batch,) int32, the
+    positions each row has written}."""
     max_len = config.max_seq_len if max_len is None else max_len
-    if batch <= 0 or max_len <= 0:
-        raise ValueError(f"llama_decode.init_cache: batch and max_len must be positive, got {batch}, {max_len}")
-    shape, layers = (batch * config.n_kv_head, max_len, config.head_dim), range(config.n_layer)
-    return {
-        "k": [jnp.zeros(shape, dtype) for _ in layers],
-        "v": [jnp.zeros(shape, dtype) for _ in layers],
-        "index": jnp.zeros((batch,), jnp.int32),
-    }
+    shape = dict(n_kv_head=config.n_kv_head, max_len=max_len, head_dim=config.head_dim)
+    where = dict(where="llama_decode.init_cache", most=config.max_seq_len)
+    return kv_cache.empty(config.n_layer, batch, **shape, dtype=dtype, **where)
 
 
 def decode_step(
@@ -62,25 +57,13 @@ def decode_step(
     lengths: Integer[ArrayLike, " batch"] | None = None,
 ) -> tuple[Float[Array, "batch seq vocab"], Cache]:
     """Logits for `idx`, the next tokens of each row at positions [index, index + seq), and the cache holding
-    them too: token for token what `llama.apply` gives on the whole sequence.
-
-    `lengths` (default: seq for every row) is the number of real tokens in each row of a right-padded `idx`:
-    row b's index advances by lengths[b], and the padding's keys are overwritten by the row's next tokens
-    before any query can see them (row b's last real logits are `logits[b, lengths[b] - 1]`).
-
-    A row has the cache's max_len positions: index + seq (padding included) past it is an error when the
-    cache's index is concrete; under jit (a traced index) that row's logits come out NaN instead, never silently
-    wrong, and its cache is spoiled. Jit with `donate_argnames="cache"` to update the cache in place."""
+    them too: token for token what `llama.apply` gives on the whole sequence. `lengths` (right-padded rows),
+    the cache's bound and donating the cache are as in `gpt_decode.decode_step`."""
     idx = jnp.asarray(idx)
     llama.check_inputs(params, idx, config)
     _check_cache(cache, config, idx.shape[0])
     lengths = sampling.check_lengths(lengths, idx, "decode_step")
-    index, max_len = cache["index"], cache["k"][0].shape[1]
-    if not isinstance(index, jax.core.Tracer) and int(jnp.max(index)) + idx.shape[1] > max_len:
-        raise ValueError(
-            f"decode_step: a row of the cache holds {int(jnp.max(index))} positions; {idx.shape[1]} "
-            f"more pass its max_len={max_len}; make a longer cache with init_cache"
-        )
+    kv_cache.check_room(cache, idx.shape[1], "its max_len")
     h, cache = _hidden(params, stack.unstack(params["blocks"]), cache, idx, lengths, config)
     return llama.unembed(params, h, config), cache
 
@@ -101,7 +84,7 @@ def _hidden(params: Params, blocks: list, cache: Cache, idx: Array, lengths: Arr
         new["k"].append(kv["k"])
         new["v"].append(kv["v"])
     # A row whose write ran past the cache had it shifted back into place, over its earlier keys: NaN, not wrong.
-    overflow = index + seq > cache["k"][0].shape[1]
+    overflow = kv_cache.overflowed(cache, seq)
     return jnp.where(overflow[:, None, None], jnp.nan, rms_norm.apply(params["norm"], x, eps=config.norm_eps)), new
 
 
@@ -176,21 +159,6 @@ def _generate(params, prompt, lengths, config, key, max_new_tokens, temperature,
     )
 
 
-def _check_cache(cache: Any, config: LlamaConfig, batch: int) -> None:
-    check_keys(cache, "llama cache", required=("k", "v", "index"))
-    for name in ("k", "v"):
-        shapes = [tuple(a.shape) for a in cache[name]] if isinstance(cache[name], list | tuple) else None
-        max_len = shapes[0][1] if shapes and len(shapes[0]) == 3 else "max_len"
-        want = (batch * config.n_kv_head, max_len, config.head_dim)
-        if shapes is None or len(shapes) != config.n_layer or any(s != want for s in shapes):
-            raise ValueError(
-                f"llama_decode: cache['{name}'] must be a list of n_layer={config.n_layer} arrays (batch * "
-                f"n_kv_head, max_len, head_dim) = {want} (batch={batch}, n_kv_head={config.n_kv_head}, head_dim="
-                f"{config.head_dim}), got {shapes or type(cache[name]).__name__}; make it with "
-                f"init_cache(config, batch) for this config and batch"
-            )
-    if tuple(cache["index"].shape) != (batch,) or not jnp.issubdtype(cache["index"].dtype, jnp.integer):
-        raise ValueError(
-            f"llama_decode: cache['index'] must be {batch} integers, one per row, got "
-            f"{cache['index'].dtype} {tuple(cache['index'].shape)}"
-        )
+def _check_cache(cache: Any, config: LlamaConfig, batch: int) -> int:
+    head = dict(n_kv_head=config.n_kv_head, head_dim=config.head_dim)
+    return kv_cache.check(cache, batch=batch, n_layer=config.n_layer, **head, most=config.max_seq_len, model="llama")

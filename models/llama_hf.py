@@ -3,14 +3,15 @@
     params, config = llama_hf.load("path/to/Llama-3.2-1B")     # config.json + model.safetensors (or shards)
     llama_hf.save(params, config, "export", max_shard_bytes=5 * 10**9)   # LlamaForCausalLM.from_pretrained reads it
 
-The mapping is the table `WEIGHTS`, one row per param of ours (models/hf_table.py reads it both
-ways): the Hugging Face names, with `{i}` standing for a layer index, our dotted path, and the transform.
+The mapping is the table `WEIGHTS`, in models/weight_table.py's format, which every converter shares: one
+row per param of ours, with the Hugging Face names (`{i}` standing for a layer index), our dotted path, and
+the transform.
 
-    LINEAR  torch's nn.Linear stores (out, in); purejax.nn.linear stores (in, out): a transpose
-    QKV     q_proj, k_proj and v_proj side by side are [all q | all k | all v] columns; ours is one fused qkv
-            whose columns are grouped per key/value head, [q heads of group 0, k_0, v_0 | ...]
-            (purejax.nn.attention's layout, `qkv_permutation`), so tensor parallelism can split it
-    SAME    the same array (the embedding, the RMSNorm scales)
+    LINEAR      torch's nn.Linear stores (out, in); purejax.nn.linear stores (in, out): a transpose
+    QKV_LINEAR  q_proj, k_proj and v_proj side by side are [all q | all k | all v] columns; ours is one fused
+                qkv whose columns are grouped per key/value head, [q heads of group 0, k_0, v_0 | ...]
+                (purejax.nn.attention's layout, `qkv_permutation`), so tensor parallelism can split it
+    SAME        the same array (the embedding, the RMSNorm scales)
 
 Rotary needs no transform. Hugging Face's Llama pairs feature i of each query and key head with feature
 i + head_dim / 2 (`rotate_half`), and so does purejax.nn.rotary: the q_proj and k_proj rows are used in the
@@ -36,38 +37,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models import hf_table, llama
-from models.hf_table import LINEAR, SAME, Transform, expected_shapes, from_tensors, to_tensors
+from models import hf_directory, llama, weight_table
+from models.weight_table import LINEAR, QKV_LINEAR, SAME, Row
 from purejax import safetensors
 from purejax import tree as tree_lib
-from purejax.nn import attention, rotary
-
-
-def _heads(config: llama.LlamaConfig) -> attention.AttentionConfig:
-    return attention.AttentionConfig(config.d_model, config.n_head, config.n_kv_head, bias=False)
-
-
-def qkv_from_hf(parts: list[np.ndarray], config: llama.LlamaConfig) -> np.ndarray:
-    """q_proj, k_proj, v_proj (each (..., out, in)) -> our qkv (..., d_model, qkv_width), grouped per kv head."""
-    split = np.concatenate([x.swapaxes(-1, -2) for x in parts], axis=-1)  # [all q | all k | all v]
-    return split[..., attention.qkv_permutation(_heads(config))]
-
-
-def qkv_to_hf(x: Any, config: llama.LlamaConfig) -> list[Any]:
-    """The inverse of `qkv_from_hf`: [q_proj, k_proj, v_proj], each (..., out, in)."""
-    split = x[..., np.argsort(attention.qkv_permutation(_heads(config)))]
-    q, kv = config.n_head * config.head_dim, config.n_kv_head * config.head_dim
-    return [part.swapaxes(-1, -2) for part in (split[..., :q], split[..., q : q + kv], split[..., q + kv :])]
-
-
-QKV = Transform(qkv_from_hf, qkv_to_hf)
+from purejax.nn import rotary
 
 LAYER = "model.layers.{i}."
-WEIGHTS: tuple[tuple[tuple[str, ...], str, Transform], ...] = (
+WEIGHTS: tuple[Row, ...] = (
     # (Hugging Face names, purejax path, transform)
     (("model.embed_tokens.weight",), "embed.w", SAME),
     ((LAYER + "input_layernorm.weight",), "blocks.attn_norm.scale", SAME),
-    (tuple(LAYER + f"self_attn.{p}_proj.weight" for p in "qkv"), "blocks.attn.qkv.w", QKV),
+    (tuple(LAYER + f"self_attn.{p}_proj.weight" for p in "qkv"), "blocks.attn.qkv.w", QKV_LINEAR),
     ((LAYER + "self_attn.o_proj.weight",), "blocks.attn.proj.w", LINEAR),
     ((LAYER + "post_attention_layernorm.weight",), "blocks.mlp_norm.scale", SAME),
     ((LAYER + "mlp.gate_proj.weight",), "blocks.mlp.gate.w", LINEAR),
@@ -75,12 +56,12 @@ WEIGHTS: tuple[tuple[tuple[str, ...], str, Transform], ...] = (
     ((LAYER + "mlp.down_proj.weight",), "blocks.mlp.down.w", LINEAR),
     (("model.norm.weight",), "norm.scale", SAME),
 )
-HEAD = (("lm_head.weight",), "head.w", LINEAR)  # a row of the table only when the head is not tied
+HEAD: Row = (("lm_head.weight",), "head.w", LINEAR)  # a row of the table only when the head is not tied
 IGNORED = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")  # a buffer older versions saved
 WEIGHTS_FILE = "model.safetensors"  # or shards listed in WEIGHTS_FILE + ".index.json"
 
 
-def table(config: llama.LlamaConfig) -> tuple[tuple[tuple[str, ...], str, Transform], ...]:
+def table(config: llama.LlamaConfig) -> tuple[Row, ...]:
     """The rows for this config: `WEIGHTS`, and `HEAD` unless the head is tied to the embedding."""
     return WEIGHTS if config.tie_embeddings else (*WEIGHTS, HEAD)
 
@@ -192,10 +173,10 @@ def config_to_hf(config: llama.LlamaConfig) -> dict[str, Any]:
 # ---------------------------------------------------------------- tensors
 
 
-def tensor_shapes(config: llama.LlamaConfig) -> dict[str, jax.ShapeDtypeStruct]:
+def expected_shapes(config: llama.LlamaConfig) -> dict[str, jax.ShapeDtypeStruct]:
     """Every tensor a Llama file for `config` must hold, by Hugging Face name, with its shape."""
     shapes = jax.eval_shape(partial(llama.init, config=config), jax.random.key(0))
-    return expected_shapes(table(config), shapes, config, config.n_layer)
+    return weight_table.expected_shapes(table(config), shapes, config, n_layer=config.n_layer)
 
 
 def from_hf(
@@ -208,13 +189,14 @@ def from_hf(
     head = tensors.pop(HEAD[0][0], None) if config.tie_embeddings else None
     sizes = f"n_layer={config.n_layer}, d_model={config.d_model}, n_head={config.n_head}, n_kv_head={config.n_kv_head}"
     what = f"{source} (Llama with {sizes}, d_ff={config.d_ff}, vocab_size={config.vocab_size})"
-    tree_lib.assert_like(tensors, tensor_shapes(config), what, check_dtype=False)
+    tree_lib.assert_like(tensors, expected_shapes(config), what, check_dtype=False)
     if head is not None and not np.array_equal(np.asarray(head), np.asarray(tensors["model.embed_tokens.weight"])):
         raise ValueError(
             f"{source}: lm_head.weight differs from model.embed_tokens.weight, but tie_word_embeddings is true; "
             f"set it to false in config.json if the head was trained separately"
         )
-    return from_tensors(table(config), tensors, config, config.n_layer, partial(jnp.asarray, dtype=dtype))
+    convert = weight_table.cast_to(dtype)
+    return weight_table.from_tensors(table(config), tensors, config, n_layer=config.n_layer, convert=convert)
 
 
 def to_hf(params: llama.Params, config: llama.LlamaConfig) -> dict[str, np.ndarray]:
@@ -222,9 +204,8 @@ def to_hf(params: llama.Params, config: llama.LlamaConfig) -> dict[str, np.ndarr
     expected = jax.eval_shape(partial(llama.init, config=config), jax.random.key(0))
     tree_lib.assert_like(params, expected, "params", check_dtype=False)
     flat = {path: np.asarray(x) for path, x in tree_lib.flatten(params).items()}
-    return {
-        name: np.ascontiguousarray(x) for name, x in to_tensors(table(config), flat, config, config.n_layer).items()
-    }
+    tensors = weight_table.to_tensors(table(config), flat, config, n_layer=config.n_layer)
+    return {name: np.ascontiguousarray(x) for name, x in tensors.items()}
 
 
 # ---------------------------------------------------------------- directories
@@ -233,9 +214,9 @@ def to_hf(params: llama.Params, config: llama.LlamaConfig) -> dict[str, np.ndarr
 def load(directory: str | os.PathLike, *, dtype: Any = jnp.float32) -> tuple[llama.Params, llama.LlamaConfig]:
     """(params, config) from a Hugging Face Llama directory: config.json and model.safetensors, or the shards
     model.safetensors.index.json lists. Nothing is downloaded and no pickle is read."""
-    hf, source = hf_table.read_config(directory)
+    hf, source = hf_directory.read_config(directory)
     config = config_from_hf(hf, source=source)
-    tensors = hf_table.read_weights(directory)
+    tensors = hf_directory.read_weights(directory)
     return from_hf(tensors, config, dtype=dtype, source=str(directory)), config
 
 

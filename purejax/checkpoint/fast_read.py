@@ -2,9 +2,8 @@
 
 It reads the same records into the same aligned buffers and makes the same checks (the same functions make
 them); what differs is that many reads are in flight at once. A disk (above all a network or virtual one)
-is kept busy by many outstanding requests, where one sequential reader waits on each in turn: measured here
-(a virtual disk, 1.5 GB from a cold page cache), 5.0 s with one reader and readahead hints, 3.5 s with 4
-threads, 2.2 s with 16, 1.8 s with 32; safetensors' memory map 3.9-4.4 s in the same runs.
+is kept busy by many outstanding requests, where one sequential reader waits on each in turn; the load times
+against one reader and against safetensors are in docs/benchmarks.md ("Checkpoints").
 
 Work is cut into tasks of at most `_SPAN_BYTES` of data: a span of a record, read with `pread` straight into
 the leaf's buffer and checksummed 512 KiB at a time while it is still in the CPU's cache (the spans' CRCs

@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 import msgpack
 import numpy as np
 
+from purejax._untrusted import short
 from purejax.checkpoint import format as fmt
 from purejax.checkpoint import nodes
 from purejax.checkpoint.format import CheckpointError, CheckpointInfo, LeafInfo
@@ -147,7 +148,7 @@ def _top_level(stream: Stream, path: Path) -> tuple[dict[str, Any], dict[str, in
         if key not in offsets:
             fail(f"field {key!r} is missing")
     if not all(type(k) in (str, int) for k in header["metadata"]):
-        fail(f"metadata has a key that is neither str nor int: {_short(list(header['metadata']))}")
+        fail(f"metadata has a key that is neither str nor int: {short(list(header['metadata']))}")
     if header["byte_order"] != fmt.BYTE_ORDER:
         fail(f"byte_order is {header['byte_order']!r}; version {fmt.VERSION} files are {fmt.BYTE_ORDER!r}")
     if not 0 < header["chunk_bytes"] <= fmt.MAX_CHUNK_BYTES:
@@ -195,19 +196,19 @@ def _parse_leaf(entry: Any, i: int, chunk_bytes: int, offset: int, file_size: in
     name = entry["path"]
     dtype, shape, nbytes, crc, impl = (entry.get(k) for k in ("dtype", "shape", "nbytes", "crc32", "key_impl"))
     if not isinstance(dtype, str) or dtype not in fmt.DTYPES:
-        fail(f"unknown dtype {_short(dtype)}", name)
+        fail(f"unknown dtype {short(dtype)}", name)
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-        fail(f"shape {_short(shape)} is not a list of non-negative integers", name)
+        fail(f"shape {short(shape)} is not a list of non-negative integers", name)
     if len(shape) > fmt.MAX_NDIM:
         fail(f"shape has {len(shape):,} dimensions; at most {fmt.MAX_NDIM}", name)
     extent = fmt.DTYPES[dtype].itemsize  # the non-zero dimensions' bytes: numpy needs them below 2**63
     for d in shape:
         extent *= max(d, 1)
         if extent >= _NUMPY_LIMIT:
-            fail(f"{dtype}{_short(shape)} is larger than any array can be (2**63 bytes)", name)
+            fail(f"{dtype}{short(shape)} is larger than any array can be (2**63 bytes)", name)
     expected = 0 if 0 in shape else extent
     if type(nbytes) is not int or nbytes != expected:  # not 24.0, not True
-        fail(f"nbytes {_short(nbytes)} does not equal {dtype}{_short(shape)}'s {expected}", name)
+        fail(f"nbytes {short(nbytes)} does not equal {dtype}{short(shape)}'s {expected}", name)
     n = fmt.n_records(nbytes, chunk_bytes)
     if (end := offset + nbytes + fmt.RECORD_PREFIX_SIZE * n) > file_size:
         problem = f"file is truncated: it has {file_size:,} bytes, and this leaf's records end at byte {end:,}"
@@ -215,19 +216,13 @@ def _parse_leaf(entry: Any, i: int, chunk_bytes: int, offset: int, file_size: in
     if not isinstance(crc, bytes) or len(crc) != 4 * n:
         fail(f"crc32 must be {4 * n:,} bytes (4 per record), got {type(crc).__name__}", name)
     if impl is not None and not isinstance(impl, str):
-        fail(f"key_impl {_short(impl)} is not a string", name)
+        fail(f"key_impl {short(impl)} is not a string", name)
     dtype = _DTYPE_NAMES[dtype]  # one str object for every leaf of a dtype, not one each
     return LeafInfo(name, dtype, tuple(shape), nbytes, fmt.crc32_array(crc), impl, offset)
 
 
 def _invalid(path: Path, problem: str, leaf: str | None = None) -> NoReturn:
     raise CheckpointError(path, f"invalid header: {problem}", leaf=leaf)
-
-
-def _short(value: Any) -> str:
-    """`repr(value)`, cut to 60 characters: a message quotes what it refuses, not all of it."""
-    text = repr(value)
-    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 def plain(value: Any, where: str) -> Any:

@@ -17,7 +17,6 @@ an I/O error while reading one. Nothing is unpickled and nothing from the file i
 import contextlib
 import functools
 import os
-import stat
 import sys
 import zlib
 from pathlib import Path
@@ -27,13 +26,13 @@ import jax
 import numpy as np
 
 from purejax import tree as tree_lib
+from purejax._untrusted import open_regular
 from purejax.checkpoint import fast_read, sequential
 from purejax.checkpoint import format as fmt
 from purejax.checkpoint.format import CheckpointError, CheckpointInfo, LeafInfo
 from purejax.checkpoint.header import parse_header
 
 PyTree = Any
-_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # so that opening a FIFO does not wait for a writer
 
 
 class Restored(NamedTuple):
@@ -112,23 +111,10 @@ def restore(
 
 @contextlib.contextmanager
 def _open(path: Path):
-    """The file at `path`, open for reading, if it is a regular file (a FIFO is opened without waiting for a
-    writer, then refused). An OSError while it is open (EIO from a failing disk) becomes a CheckpointError;
-    a missing file stays FileNotFoundError."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | _NONBLOCK)
-    except FileNotFoundError:
-        raise
-    except OSError as e:
-        raise CheckpointError(path, f"cannot be opened: {e.strerror or e}") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
-        raise CheckpointError(path, f"not a regular file: it is {kind}")
-    if _NONBLOCK:
-        os.set_blocking(fd, True)
-    with open(fd, "rb", buffering=0) as f:
+    """The file at `path`, open for reading, if it is a regular file (`_untrusted.open_regular`: a directory, a
+    FIFO or a device is refused before it is opened). An OSError while it is open (EIO from a failing disk)
+    becomes a CheckpointError; a missing file stays FileNotFoundError."""
+    with open_regular(path, functools.partial(CheckpointError, path)) as f:
         try:
             yield f
         except OSError as e:

@@ -7,6 +7,7 @@ from purejax.nn import (
     activations,
     attention,
     attention_cache,
+    attention_masks,
     batch_norm,
     conv,
     dropout,

@@ -23,7 +23,8 @@ Formulations (`attend`): "fused" is XLA's `jax.nn.dot_product_attention`, "einsu
 (`dot_product_attention`), which can drop attention probabilities. "auto" takes "einsum" for dropout and float16
 on CPU (XLA:CPU cannot compile fused attention in it), cuDNN's flash attention on an NVIDIA GPU for inputs it
 takes (bfloat16/float16, causal or no mask), else "fused" (purejax/nn/_attention_impl.py, which says once why
-not cuDNN on a GPU). All take the softmax in float32. `purejax.nn.attention_cache` decodes with a cache.
+not cuDNN on a GPU). All take the softmax in float32. `purejax.nn.attention_cache` decodes with a cache;
+`purejax.nn.attention_masks` says which query may attend to which key (`combine_masks`, used here).
 """
 
 from dataclasses import dataclass
@@ -32,19 +33,16 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from purejax import random as prandom
 from purejax.nn import _attention_impl, initializers, linear
 from purejax.nn import dropout as dropout_lib
 from purejax.nn._check import check_keys
+from purejax.nn.attention_masks import MASKED_LOGIT, combine_masks
 
 Params = dict[str, Any]
 Impl = Literal["auto", "fused", "einsum"]
-
-# What masked logits are set to: jax.nn.dot_product_attention's value, so both formulations agree exactly.
-# Finite rather than -inf, so a query that may attend to nothing gets a uniform average, never NaN.
-_MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
 @dataclass(frozen=True)
@@ -185,33 +183,6 @@ def qkv_heads(
     return q, qkv[:, :, :, group], qkv[:, :, :, group + 1]
 
 
-def combine_masks(
-    mask: Array | None,
-    config: AttentionConfig,
-    n_head: int,
-    q_pos: Int[Array, " seq"],
-    kv_pos: Int[Array, " kv_len"],
-    *,
-    batch: int,
-    written: Bool[Array, " kv_len"] | None = None,
-) -> Array | None:
-    """One boolean (batch|1, n_head|1, seq, kv_len) mask, True where a query at absolute position q_pos may
-    attend to the key at kv_pos: the user's `mask`, the causal mask (if `config.causal`), and `written` (a
-    cache's filled positions). None when nothing is masked."""
-    seq, kv_len = q_pos.shape[0], kv_pos.shape[0]
-    allowed = None
-    if config.causal:
-        allowed = kv_pos[None, :] <= q_pos[:, None]
-    if written is not None:
-        allowed = written[None, :] if allowed is None else allowed & written[None, :]
-    if allowed is not None:
-        allowed = jnp.broadcast_to(allowed, (seq, kv_len))[None, None]
-    if mask is not None:
-        mask = _check_mask(mask, n_head, batch, seq, kv_len)
-        allowed = mask if allowed is None else mask & allowed
-    return allowed
-
-
 def attend(
     q: Float[Array, "batch seq n_head head_dim"],
     k: Float[Array, "batch kv_seq n_kv_head head_dim"],
@@ -263,7 +234,7 @@ def dot_product_attention(
             grouped = mask[:, :, None]
         else:
             grouped = mask.reshape(mask.shape[0], n_kv_head, group, *mask.shape[2:])
-        logits = jnp.where(grouped, logits, _MASKED)
+        logits = jnp.where(grouped, logits, MASKED_LOGIT)
     probs = dropout_lib.apply(jax.nn.softmax(logits, axis=-1), rate=dropout_rate, key=key)
     out = jnp.einsum("bkgts,bskh->btkgh", probs.astype(v.dtype), v)
     return out.reshape(batch, seq, n_head, head_dim)
@@ -294,18 +265,3 @@ def _local_kv_heads(params: Params, x: Array, config: AttentionConfig, axis_name
                 f"({what}){where}; were the params made with another config (or sharded another way)?"
             )
     return config.n_kv_head // shards
-
-
-def _check_mask(mask: Array, n_head: int, batch: int, seq: int, kv_len: int) -> Array:
-    """The mask as 4-D, after checking it is boolean and broadcastable to (batch, n_head|1, seq, kv_len)."""
-    want = (batch, n_head, seq, kv_len)
-    if mask.dtype != jnp.bool_:
-        raise TypeError(f"attention: mask must be boolean (True = may attend), got {mask.dtype}")
-    shape = (1,) * (4 - mask.ndim) + tuple(mask.shape)
-    if mask.ndim > 4 or any(s not in (1, w) for s, w in zip(shape, want)):
-        raise ValueError(
-            f"attention: mask has shape {tuple(mask.shape)}, which does not broadcast to "
-            f"(batch={batch}, n_head={n_head} or 1, seq={seq}, kv_len={kv_len}); "
-            f"kv_len is the cache's max_len when decoding with a cache"
-        )
-    return mask.reshape(shape)

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from purejax.nn import attention, linear
+from purejax.nn import attention, attention_masks, linear
 from purejax.nn._check import check_keys
 from purejax.nn.attention import AttentionConfig, Params
 
@@ -104,7 +104,7 @@ def cached_attention(
         preferred_element_type=jnp.float32,
     ).reshape(batch, n_kv_head, group, seq, max_len)
     allowed = _allowed(index, seq, max_len, causal, mask, n_head, group)
-    probs = jax.nn.softmax(jnp.where(allowed, logits * (1.0 / head_dim**0.5), attention._MASKED), axis=-1)
+    probs = jax.nn.softmax(jnp.where(allowed, logits * (1.0 / head_dim**0.5), attention_masks.MASKED_LOGIT), axis=-1)
     probs = probs.reshape(batch * n_kv_head, group * seq, max_len).astype(cache["v"].dtype)
     out = jnp.einsum("nqs,nsd->nqd", probs, cache["v"]).reshape(batch, n_kv_head, group, seq, head_dim)
     return out.transpose(0, 3, 1, 2, 4).reshape(batch, seq, n_head, head_dim).astype(q.dtype), cache
@@ -119,7 +119,7 @@ def _allowed(index: Array, seq: int, max_len: int, causal: bool, mask: Array | N
         allowed = slots < (index + seq)[:, None, None, None, None]
     if mask is None:
         return allowed
-    mask = attention._check_mask(mask, n_head, batch, seq, max_len)  # (batch|1, n_head|1, seq|1, max_len|1)
+    mask = attention_masks.check_mask(mask, n_head, batch, seq, max_len)  # (batch|1, n_head|1, seq|1, max_len|1)
     grouped = mask[:, :, None] if mask.shape[1] == 1 else mask.reshape(mask.shape[0], -1, group, *mask.shape[2:])
     return allowed & grouped
 

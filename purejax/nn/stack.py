@@ -14,6 +14,9 @@ and for rematerialised blocks: shallow stacks are a few percent faster unrolled 
 time is still about scan's, deep ones compile in time flat in depth (docs/benchmarks.md, GPT training step:
 "Scan, loop or auto").
 
+A model runs its blocks with `run(layer, blocks, x, mode=config.layers, remat=config.remat, key=key)`: the mode
+resolved, the layer under remat (purejax/nn/remat.py) and per-layer keys, written once for the GPT and the Llama.
+
 Keys. Layer i's key is `jax.random.fold_in(key, i)` (`layer_keys`): it depends on the index alone, so
 appending a layer changes no other layer's initialisation. `init` builds all layers in one vmapped trace of
 `init_fn`, not one trace per layer. Pass `layer_keys(key, n)` as `xs` to give each layer its own dropout key.
@@ -33,14 +36,14 @@ import jax.numpy as jnp
 from jaxtyping import Array, Key, PRNGKeyArray, UInt32
 
 from purejax import tree as tree_lib
+from purejax.nn import remat as remat_lib
 from purejax.nn._check import check_same_leading_axis
 
 PyTree = Any
 Mode = Literal["auto", "scan", "loop"]
 MODES = ("auto", "scan", "loop")
-# Measured for the GPT on a 2-core CPU (docs/benchmarks.md): the loop's compile time grows by about 0.6 s a layer
-# (baby width: 3.5 s at 4 layers, 5.4 s at 8, 11 s at 16; scan 3.6-4.6 s at every depth), and its step is no
-# faster than scan's from 8 layers on, so "auto" unrolls only the shallow stacks where the loop was measured ahead.
+# The depth where the loop stops paying for the GPT on a CPU: beyond it the loop's compile time grows with every
+# layer while scan's stays flat, and its step is no faster (docs/benchmarks.md, "Scan, loop or auto").
 AUTO_LOOP_DEPTH = 6
 
 
@@ -97,6 +100,30 @@ def apply(mode: str, block_apply: Callable[..., Any], stacked: PyTree, x: PyTree
     if resolve(mode, depth(stacked)) == "scan":
         return scan(block_apply, stacked, x, xs=xs)
     return loop(block_apply, unstack(stacked), x, xs=xs)
+
+
+def run(
+    layer: Callable[[PyTree, PyTree, PRNGKeyArray | None], PyTree],
+    stacked: PyTree,
+    x: PyTree,
+    *,
+    mode: str = "auto",
+    remat: str = "none",
+    key: PRNGKeyArray | None = None,
+    wrap: Callable[[Callable], Callable] | None = None,
+) -> Any:
+    """A model's blocks, the way its config says: `layer(layer_params, x, layer_key) -> x` over the stacked
+    params under `remat` (purejax/nn/remat.py), as a scan or a loop (`resolve(mode, ...)`), layer i's key
+    `fold_in(key, i)` (None without a key), so scan and loop drop the same units.
+
+    `wrap` (e.g. FSDP's gather under jax.checkpoint, `purejax.parallel.gathered`) wraps the layer inside the
+    remat; a wrapped layer is recomputed in the backward pass, so "auto" scans it as a rematerialised one."""
+    n = depth(stacked)
+    mode = resolve(mode, n, remat=remat != "none" or wrap is not None)
+    layer = remat_lib.wrap(wrap(layer) if wrap else layer, remat, prevent_cse=mode == "loop")
+    if key is None:
+        return apply(mode, lambda p, x: layer(p, x, None), stacked, x)
+    return apply(mode, lambda p, x, k: (layer(p, x, k), None), stacked, x, xs=layer_keys(key, n))[0]
 
 
 def loop(block_apply: Callable[..., Any], layers: Sequence[PyTree], x: PyTree, *, xs: PyTree = None) -> Any:

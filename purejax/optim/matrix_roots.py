@@ -37,12 +37,12 @@ def inverse_pth_root(a: Float[Array, "*batch n n"], p: int, eps: ArrayLike = 1e-
         eps: the damping relative to the largest eigenvalue; well above float32 epsilon (1.2e-7), or the
             smallest eigenvalues are rounding noise (the module docstring's error bound).
     """
-    w, v = _eigh(jnp.asarray(a, jnp.float32))
-    w_max = jnp.max(w, axis=-1, keepdims=True)
-    scale = (jnp.maximum(w, 0.0) + eps * w_max) ** (-1.0 / p)
-    root = jnp.einsum("...ij,...j,...kj->...ik", v, scale, v)
-    eye = jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=jnp.float32), root.shape)
-    return jnp.where(w_max[..., None] > 0, root, eye)
+    eigenvalues, eigenvectors = _eigh(jnp.asarray(a, jnp.float32))
+    w_max = jnp.max(eigenvalues, axis=-1, keepdims=True)
+    scale = (jnp.maximum(eigenvalues, 0.0) + eps * w_max) ** (-1.0 / p)
+    root = jnp.einsum("...ij,...j,...kj->...ik", eigenvectors, scale, eigenvectors)
+    identity = jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=jnp.float32), root.shape)
+    return jnp.where(w_max[..., None] > 0, root, identity)
 
 
 def _eigh(a: Float[Array, "*batch n n"]) -> tuple[Float[Array, "*batch n"], Float[Array, "*batch n n"]]:
@@ -51,8 +51,8 @@ def _eigh(a: Float[Array, "*batch n n"]) -> tuple[Float[Array, "*batch n"], Floa
     for the thread pool that the other devices' collectives hold (seen with 2 devices on 2 cores; fine in 0.12)."""
     if jax.default_backend() != "cpu":
         return jnp.linalg.eigh(a)
-    w, v = jax.lax.map(jnp.linalg.eigh, a.reshape(-1, *a.shape[-2:]))
-    return w.reshape(a.shape[:-1]), v.reshape(a.shape)
+    eigenvalues, eigenvectors = jax.lax.map(jnp.linalg.eigh, a.reshape(-1, *a.shape[-2:]))
+    return eigenvalues.reshape(a.shape[:-1]), eigenvectors.reshape(a.shape)
 
 
 def inverse_pth_roots(
@@ -69,18 +69,21 @@ def inverse_pth_roots(
     """
     if not matrices:
         return []
-    matrices = [jnp.asarray(m, jnp.float32) for m in matrices]
-    sizes = sorted({m.shape[-1] for m in matrices})
-    groups = {k: jnp.concatenate([m.reshape(-1, k, k) for m in matrices if m.shape[-1] == k]) for k in sizes}
+    matrices = [jnp.asarray(matrix, jnp.float32) for matrix in matrices]
+    sizes = sorted({matrix.shape[-1] for matrix in matrices})
+    groups = {
+        size: jnp.concatenate([matrix.reshape(-1, size, size) for matrix in matrices if matrix.shape[-1] == size])
+        for size in sizes
+    }
     if axis_name is None:
-        roots = {k: inverse_pth_root(stack, p, eps) for k, stack in groups.items()}
+        roots = {size: inverse_pth_root(stack, p, eps) for size, stack in groups.items()}
     else:
         roots = _shared_out(groups, p, eps, axis_name)
     out, taken = [], dict.fromkeys(sizes, 0)
-    for m in matrices:
-        k, count = m.shape[-1], m[..., 0, 0].size
-        out.append(roots[k][taken[k] : taken[k] + count].reshape(m.shape))
-        taken[k] += count
+    for matrix in matrices:
+        size, count = matrix.shape[-1], matrix[..., 0, 0].size
+        out.append(roots[size][taken[size] : taken[size] + count].reshape(matrix.shape))
+        taken[size] += count
     return out
 
 
@@ -88,21 +91,23 @@ def _shared_out(
     groups: dict[int, Float[Array, "count n n"]], p: int, eps: ArrayLike, axis_name: Hashable
 ) -> dict[int, Float[Array, "count n n"]]:
     """Each device's share of every group's roots, then the one all-gather that gives every device all."""
-    n = jax.lax.axis_size(axis_name)
+    devices = jax.lax.axis_size(axis_name)
     device = jax.lax.axis_index(axis_name)
     mine, rounds = [], {}
-    for k, stack in groups.items():
-        rounds[k] = -(-stack.shape[0] // n)  # matrices per device, rounded up
-        padding = jnp.broadcast_to(jnp.eye(k, dtype=stack.dtype), (rounds[k] * n - stack.shape[0], k, k))
-        dealt = jnp.concatenate([stack, padding]).reshape(rounds[k], n, k, k)  # [r, d]: number r * n + d
-        share = jax.lax.dynamic_index_in_dim(dealt, device, axis=1, keepdims=False)  # (rounds, k, k)
+    for size, stack in groups.items():
+        rounds[size] = -(-stack.shape[0] // devices)  # matrices per device, rounded up
+        padding_shape = (rounds[size] * devices - stack.shape[0], size, size)
+        padding = jnp.broadcast_to(jnp.eye(size, dtype=stack.dtype), padding_shape)
+        # [r, d]: number r * devices + d
+        dealt = jnp.concatenate([stack, padding]).reshape(rounds[size], devices, size, size)
+        share = jax.lax.dynamic_index_in_dim(dealt, device, axis=1, keepdims=False)  # (rounds, size, size)
         mine.append(inverse_pth_root(share, p, eps).reshape(-1))
     # Invariant result: every device holds the same gathered values, so the state stays replicated.
-    gathered = jax.lax.all_gather(jnp.concatenate(mine), axis_name, to="invarying")  # (n, total)
+    gathered = jax.lax.all_gather(jnp.concatenate(mine), axis_name, to="invarying")  # (devices, total)
     out, offset = {}, 0
-    for k, stack in groups.items():
-        size = rounds[k] * k * k
-        part = gathered[:, offset : offset + size].reshape(n, rounds[k], k, k)
-        out[k] = jnp.swapaxes(part, 0, 1).reshape(-1, k, k)[: stack.shape[0]]  # back to r * n + d order
-        offset += size
+    for size, stack in groups.items():
+        elements = rounds[size] * size * size
+        part = gathered[:, offset : offset + elements].reshape(devices, rounds[size], size, size)
+        out[size] = jnp.swapaxes(part, 0, 1).reshape(-1, size, size)[: stack.shape[0]]  # back to r * devices + d
+        offset += elements
     return out

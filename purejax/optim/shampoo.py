@@ -9,10 +9,10 @@ Each parameter is preconditioned as a matrix, one block G of it at a time. Per b
     update = direction * |graft| / |direction|      per parameter, per layer of a stacked one (Anil et al. 4.1)
 
 `graft` is Adam's `M / (sqrt(nu_hat) + eps)` or SGD's `M`; before `start_preconditioning_step`, and for 1-D
-parameters and those with a side over `max_dim`, the update is the graft itself. A tensor of more dimensions
-is the matrix (all dims but the last merged, the last): a HWIO kernel is (kh * kw * in, out). Leaves under
-`stacked` prefixes have a leading layer axis: a batch of matrices. Sides over `block_size` are cut into blocks,
-the last zero-padded (a zero row of G adds a decoupled zero row and column to L: nothing changes).
+parameters and those with a side over `max_dim`, the update is the graft itself. How a parameter of any rank,
+stacked or split over a mesh, becomes blocks of a matrix is `purejax.optim.shampoo_blocks`. The names `mu` and
+`nu` (the momentum and the graft's second moment) are optax's; `stats_decay`, `matrix_eps` and
+`start_preconditioning_step` follow distributed Shampoo's code.
 
 On a mesh, `axis_name` (the data axis) shares the roots of the statistics every device holds alike out over
 its devices, with one all-gather (`matrix_roots.inverse_pth_roots`). With `param_specs`, a device holding a
@@ -21,19 +21,18 @@ of the matrix, and `psum`s the grafting norms: the one-device result. The state 
 (`stats.left.<param path>`), so `parallel.state_specs` splits it as its parameter, block grid for matrix.
 """
 
-import math
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, ArrayLike, Float, Int
+from jaxtyping import Array, ArrayLike, Int
 
 from purejax import tree as tree_lib
 from purejax.optim.base import GradientTransformation, PyTree, Schedule, chain, safe_increment, zero_count
 from purejax.optim.learning_rate import scale_by_learning_rate
 from purejax.optim.matrix_roots import inverse_pth_roots
+from purejax.optim.shampoo_blocks import BlockLayout, block_layout, per_block
 from purejax.optim.weight_decay import Mask, add_decayed_weights
 
 
@@ -54,66 +53,6 @@ class ShampooState(NamedTuple):
     nu: PyTree
     stats: Kronecker
     preconditioners: Kronecker
-
-
-@dataclass(frozen=True)
-class BlockLayout:
-    """A parameter (this device's slice of it, on a mesh) seen as `layers` leading axes, then a (rows, cols)
-    matrix per layer cut into (row_block, col_block) blocks."""
-
-    shape: tuple[int, ...]
-    layers: int
-    rows: int
-    cols: int
-    row_block: int
-    col_block: int
-    split_over: tuple[str, ...] = ()  # the mesh axes the parameter is split over
-
-    @property
-    def grid(self) -> tuple[int, int]:
-        return -(-self.rows // self.row_block), -(-self.cols // self.col_block)
-
-    def blocks(self, x: Array) -> Float[Array, "*layers row_blocks col_blocks rows cols"]:
-        lead, (nr, nc), rb, cb = self.shape[: self.layers], self.grid, self.row_block, self.col_block
-        m = x.astype(jnp.float32).reshape(*lead, self.rows, self.cols)
-        m = jnp.pad(m, [(0, 0)] * self.layers + [(0, nr * rb - self.rows), (0, nc * cb - self.cols)])
-        return jnp.swapaxes(m.reshape(*lead, nr, rb, nc, cb), -3, -2)
-
-    def merge(self, b: Float[Array, "*layers row_blocks col_blocks rows cols"]) -> Array:
-        lead, (nr, nc) = self.shape[: self.layers], self.grid
-        m = jnp.swapaxes(b, -3, -2).reshape(*lead, nr * self.row_block, nc * self.col_block)
-        return m[..., : self.rows, : self.cols].reshape(self.shape)
-
-
-def block_layout(
-    name: str, shape: Sequence[int], stacked: Sequence[str], block_size: int, max_dim: int, spec: Sequence[Any] = ()
-) -> BlockLayout | None:
-    """The layout of the parameter `name` (this device's `shape` of it, split as `spec` says, inside
-    `shard_map`; a leading layer axis per `stacked` prefix it lies under), or None if Shampoo leaves it to the
-    graft: fewer than two dims per layer, or a side of the whole matrix over `max_dim`. Raises when a device's
-    slice is not made of whole blocks of the whole matrix."""
-    layers = sum(name == p or name.startswith(p + ".") for p in stacked)
-    if len(shape) < layers:
-        raise ValueError(
-            f"scale_by_shampoo(stacked={tuple(stacked)}): {name} has shape {tuple(shape)}, so it has "
-            f"no leading layer axis: is it really under a stacked subtree?"
-        )
-    entries = [(e,) if isinstance(e, str) else tuple(e or ()) for e in (*spec, *[None] * (len(shape) - len(spec)))]
-    splits = [math.prod(jax.lax.axis_size(a) for a in axes) for axes in entries]
-    full = [n * k for n, k in zip(shape, splits)]
-    if len(shape) - layers < 2 or max(math.prod(full[layers:-1]), full[-1]) > max_dim:
-        return None
-    rows, cols = math.prod(shape[layers:-1]), shape[-1]
-    rb, cb = min(math.prod(full[layers:-1]), block_size), min(full[-1], block_size)
-    misaligned = any(k > 1 for k in splits[layers + 1 : -1]) or (splits[layers] > 1 and rows % rb)
-    if misaligned or (splits[-1] > 1 and cols % cb):
-        raise ValueError(
-            f"scale_by_shampoo: {name} {tuple(full)} is split {tuple(spec)} over the mesh, so a device holds "
-            f"{rows} x {cols} of its {math.prod(full[layers:-1])} x {full[-1]} matrix, which blocks of {rb} x {cb} "
-            f"do not tile as they tile the whole (a split dim must be the first or the last of a layer's): pick "
-            f"a block_size dividing the slice, or leave the parameter to the graft (max_dim)"
-        )
-    return BlockLayout(tuple(shape), layers, rows, cols, rb, cb, tuple(a for axes in entries for a in axes))
 
 
 def scale_by_shampoo(
@@ -157,92 +96,103 @@ def scale_by_shampoo(
     def layouts(tree: PyTree, specs: PyTree = None) -> list[BlockLayout | None]:
         flat = tree_lib.flatten(tree)
         specs = [()] * len(flat) if specs is None else jax.tree.structure(tree).flatten_up_to(specs)
-        return [block_layout(k, x.shape, prefixes, block_size, max_dim, s) for (k, x), s in zip(flat.items(), specs)]
+        return [
+            block_layout(path, leaf.shape, prefixes, block_size, max_dim, spec)
+            for (path, leaf), spec in zip(flat.items(), specs)
+        ]
 
     def init(params: PyTree) -> ShampooState:
-        treedef, lays = jax.tree.structure(params), layouts(params)
-        stats = [_per_block(lay, lambda k: jnp.zeros((k, k), jnp.float32)) for lay in lays]
-        eyes = [_per_block(lay, lambda k: jnp.eye(k, dtype=jnp.float32)) for lay in lays]
+        treedef, param_layouts = jax.tree.structure(params), layouts(params)
+        stats = [per_block(layout, lambda side: jnp.zeros((side, side), jnp.float32)) for layout in param_layouts]
+        identities = [per_block(layout, lambda side: jnp.eye(side, dtype=jnp.float32)) for layout in param_layouts]
         nu = jax.tree.map(jnp.zeros_like, params) if graft == "adam" else None
         mu = jax.tree.map(jnp.zeros_like, params)
-        return ShampooState(zero_count(), mu, nu, _kronecker(stats, treedef), _kronecker(eyes, treedef))
+        return ShampooState(zero_count(), mu, nu, _to_kronecker(stats, treedef), _to_kronecker(identities, treedef))
 
     def update(updates: PyTree, state: ShampooState, params: PyTree = None) -> tuple[PyTree, ShampooState]:
         del params
         grads, treedef = jax.tree.flatten(updates)
-        lays, count = layouts(updates, param_specs), safe_increment(state.count)
+        param_layouts, count = layouts(updates, param_specs), safe_increment(state.count)
         nu = treedef.flatten_up_to(state.nu) if graft == "adam" else None
         mu, momentum, nu, grafts = _moments(grads, treedef.flatten_up_to(state.mu), nu, count, b1, b2, eps)
-        stats = [_accumulate(s, lay, g, stats_decay) for s, lay, g in zip(_pairs(state.stats, treedef), lays, grads)]
+        old_stats = _left_right_pairs(state.stats, treedef)
+        stats = [_accumulate(*args, stats_decay) for args in zip(old_stats, param_layouts, grads)]
 
         started = state.count >= start_preconditioning_step
         due = started & ((state.count - start_preconditioning_step) % precondition_every == 0)
-        kept = _pairs(state.preconditioners, treedef)
-        roots = jax.lax.cond(due, lambda: _roots(lays, stats, inverse_root, matrix_eps, axis_name), lambda: kept)
+        kept = _left_right_pairs(state.preconditioners, treedef)
+        roots = jax.lax.cond(
+            due, lambda: _roots(param_layouts, stats, inverse_root, matrix_eps, axis_name), lambda: kept
+        )
 
         def precondition() -> list[Array]:
-            return [_graft(lay, r, m, a) for lay, r, m, a in zip(lays, roots, momentum, grafts)]
+            return [_precondition_at_graft_length(*args) for args in zip(param_layouts, roots, momentum, grafts)]
 
-        new = [u.astype(g.dtype) for u, g in zip(jax.lax.cond(started, precondition, lambda: grafts), grads)]
+        chosen = jax.lax.cond(started, precondition, lambda: grafts)
+        new_updates = [new.astype(grad.dtype) for new, grad in zip(chosen, grads)]
         nu = None if nu is None else treedef.unflatten(nu)
         new_state = ShampooState(
-            count, treedef.unflatten(mu), nu, _kronecker(stats, treedef), _kronecker(roots, treedef)
+            count, treedef.unflatten(mu), nu, _to_kronecker(stats, treedef), _to_kronecker(roots, treedef)
         )
-        return treedef.unflatten(new), new_state
+        return treedef.unflatten(new_updates), new_state
 
     return GradientTransformation(init, update)
 
 
-def _per_block(lay: BlockLayout | None, make: Any) -> tuple[Array, Array] | tuple[None, None]:
-    """(left, right): `make(side)` for each block of a preconditioned parameter; (None, None) for another."""
-    if lay is None:
-        return None, None
-    lead = (*lay.shape[: lay.layers], *lay.grid)
-    return tuple(jnp.broadcast_to(make(k), (*lead, k, k)) for k in (lay.row_block, lay.col_block))
-
-
-def _pairs(kronecker: Kronecker, treedef: Any) -> list[tuple[Any, Any]]:
+def _left_right_pairs(kronecker: Kronecker, treedef: Any) -> list[tuple[Any, Any]]:
+    """Per parameter (flattened), its (left, right) matrices."""
     return list(zip(treedef.flatten_up_to(kronecker.left), treedef.flatten_up_to(kronecker.right)))
 
 
-def _kronecker(pairs: list[tuple[Any, Any]], treedef: Any) -> Kronecker:
-    return Kronecker(treedef.unflatten([p[0] for p in pairs]), treedef.unflatten([p[1] for p in pairs]))
+def _to_kronecker(pairs: list[tuple[Any, Any]], treedef: Any) -> Kronecker:
+    """The inverse of `_left_right_pairs`: the params' tree of left matrices and that of right ones."""
+    return Kronecker(treedef.unflatten([left for left, _ in pairs]), treedef.unflatten([right for _, right in pairs]))
 
 
 def _moments(
     grads: list, mu: list, nu: list | None, count: Array, b1: ArrayLike, b2: ArrayLike, eps: ArrayLike
 ) -> tuple:
     """The new momentum and second moment (in their own dtypes), the debiased momentum M, and the graft."""
-    mu = [(b1 * m + (1 - b1) * g).astype(m.dtype) for g, m in zip(grads, mu)]
-    momentum = [(m / (1 - b1**count)).astype(jnp.float32) for m in mu]
+    mu = [(b1 * old + (1 - b1) * grad).astype(old.dtype) for grad, old in zip(grads, mu)]
+    momentum = [(new / (1 - b1**count)).astype(jnp.float32) for new in mu]
     if nu is None:
         return mu, momentum, None, momentum
-    nu = [(b2 * v + (1 - b2) * jnp.square(g)).astype(v.dtype) for g, v in zip(grads, nu)]
-    return mu, momentum, nu, [m / (jnp.sqrt(v / (1 - b2**count)) + eps) for m, v in zip(momentum, nu)]
+    nu = [(b2 * old + (1 - b2) * jnp.square(grad)).astype(old.dtype) for grad, old in zip(grads, nu)]
+    adam = [debiased / (jnp.sqrt(second / (1 - b2**count)) + eps) for debiased, second in zip(momentum, nu)]
+    return mu, momentum, nu, adam
 
 
-def _accumulate(stats: tuple, layout: BlockLayout | None, g: Array, decay: ArrayLike) -> tuple:
+def _accumulate(stats: tuple, layout: BlockLayout | None, grad: Array, decay: ArrayLike) -> tuple:
     """(L, R) <- (d L + w G G^T, d R + w G^T G) per block (w = 1 - d, or 1 for d = 1: a sum)."""
     if layout is None:
         return stats
-    blocks, weight = layout.blocks(g), jnp.where(decay == 1, 1.0, 1.0 - decay)
-    gg_t, gt_g = jnp.einsum("...ij,...kj->...ik", blocks, blocks), jnp.einsum("...ji,...jk->...ik", blocks, blocks)
-    return decay * stats[0] + weight * gg_t, decay * stats[1] + weight * gt_g
+    blocks, weight = layout.blocks(grad), jnp.where(decay == 1, 1.0, 1.0 - decay)
+    row_products = jnp.einsum("...ij,...kj->...ik", blocks, blocks)  # G G^T
+    column_products = jnp.einsum("...ji,...jk->...ik", blocks, blocks)  # G^T G
+    return decay * stats[0] + weight * row_products, decay * stats[1] + weight * column_products
 
 
-def _roots(layouts: list, stats: list, p: int, eps: ArrayLike, axis_name: Hashable) -> list:
-    """The inverse p-th roots of every (left, right) pair: those every device holds alike shared out over
-    `axis_name`, those of parameters split over it (each device its own blocks) computed where they are."""
-    out = list(stats)
+def _roots(
+    layouts: list, stats: list, inverse_root: int, matrix_eps: ArrayLike, axis_name: Hashable
+) -> list[tuple[Array, Array] | tuple[None, None]]:
+    """The inverse p-th roots (p = `inverse_root`) of every (left, right) pair: those every device holds alike
+    shared out over `axis_name`, those of parameters split over it (each device its own blocks) computed where
+    they are."""
+    roots = list(stats)
     for shared in (True, False):
-        mine = [i for i, lay in enumerate(layouts) if lay is not None and (axis_name not in lay.split_over) == shared]
-        roots = iter(inverse_pth_roots([m for i in mine for m in stats[i]], p, eps, axis_name if shared else None))
-        for i in mine:
-            out[i] = (next(roots), next(roots))
-    return out
+        chosen = [
+            index
+            for index, layout in enumerate(layouts)
+            if layout is not None and (axis_name not in layout.split_over) == shared
+        ]
+        matrices = [matrix for index in chosen for matrix in stats[index]]
+        computed = iter(inverse_pth_roots(matrices, inverse_root, matrix_eps, axis_name if shared else None))
+        for index in chosen:
+            roots[index] = (next(computed), next(computed))
+    return roots
 
 
-def _graft(layout: BlockLayout | None, roots: tuple, momentum: Array, graft: Array) -> Array:
+def _precondition_at_graft_length(layout: BlockLayout | None, roots: tuple, momentum: Array, graft: Array) -> Array:
     """`P_L M P_R` per block, rescaled to the graft's norm per layer; the graft itself where not preconditioned."""
     if layout is None:
         return graft
@@ -253,16 +203,25 @@ def _graft(layout: BlockLayout | None, roots: tuple, momentum: Array, graft: Arr
         squares = jnp.sum(jnp.square(x), axis=axes, keepdims=True)
         return jnp.sqrt(jax.lax.psum(squares, layout.split_over) if layout.split_over else squares)
 
-    d_norm = norm(direction)
-    return direction * jnp.where(d_norm > 0, norm(graft) / jnp.where(d_norm > 0, d_norm, 1.0), 0.0)
+    direction_norm = norm(direction)
+    safe_norm = jnp.where(direction_norm > 0, direction_norm, 1.0)
+    return direction * jnp.where(direction_norm > 0, norm(graft) / safe_norm, 0.0)
 
 
-def _check_settings(block_size: int, every: int, start: int, graft: str, root: int, max_dim: int) -> None:
+def _check_settings(
+    block_size: int,
+    precondition_every: int,
+    start_preconditioning_step: int,
+    graft: str,
+    inverse_root: int,
+    max_dim: int,
+) -> None:
+    """Fail at construction, naming the argument, rather than at the first step."""
     for name, value, least in [
         ("block_size", block_size, 1),
-        ("precondition_every", every, 1),
-        ("start_preconditioning_step", start, 0),
-        ("inverse_root", root, 1),
+        ("precondition_every", precondition_every, 1),
+        ("start_preconditioning_step", start_preconditioning_step, 0),
+        ("inverse_root", inverse_root, 1),
         ("max_dim", max_dim, 1),
     ]:
         if not isinstance(value, int) or isinstance(value, bool) or value < least:

@@ -1,5 +1,5 @@
 """Pipeline parallelism: a layer-stacked model split into S stages over a "pipe" mesh axis, the batch into M
-micro-batches, and a schedule (purejax/parallel/schedules.py, a table of (step, stage) -> F(m) | B(m) | idle)
+micro-batches, and a schedule (purejax/parallel/pipeline_schedules.py, a table of (step, stage) -> F(m) | B(m) | idle)
 executed step by step under `lax.scan`, activations sent to the next stage and their gradients to the
 previous one with `ppermute`. The runner knows no model; the model gives it two things:
 
@@ -23,7 +23,7 @@ stage's output shape cannot be traced without an input of that shape.
 
 Memory. A stage keeps only its *inputs* (one activation per micro-batch in flight) and recomputes its
 layers' forward inside the backward (`jax.vjp` at B time), as GPipe does with rematerialisation (Huang et
-al. 2019, sec. 2.3). The buffer has `schedules.buffer_slots(table)` slots, micro-batch m in slot m % K:
+al. 2019, sec. 2.3). The buffer has `pipeline_schedules.buffer_slots(table)` slots, micro-batch m in slot m % K:
 M for GPipe, at most S for 1F1B; that is the activation footprint the schedule buys.
 
 The loss is the whole batch's mean over its counted targets (targets of -1 are ignored, the ignore index of
@@ -66,7 +66,7 @@ from jaxtyping import Array, Float, PRNGKeyArray, Shaped
 
 from purejax.nn import stack
 from purejax.optim.accumulate import split_micro_batches
-from purejax.parallel import schedules
+from purejax.parallel import pipeline_schedules
 from purejax.parallel.mesh import PIPE, MeshAxes
 
 Params = dict[str, Any]
@@ -98,7 +98,7 @@ def loss(
     params: Params,
     batch: Batch,
     stage: Stage,
-    table: schedules.Table,
+    table: pipeline_schedules.Table,
     *,
     width: int,
     key: PRNGKeyArray | None = None,
@@ -109,7 +109,7 @@ def loss(
     inside `shard_map` with the params placed by `stage_specs` and the batch split over `axes.data` only."""
     if axes.pipe is None or axes.fsdp or axes.context is not None or axes.sequence_parallel:
         raise ValueError(f"pipeline.loss: needs axes.pipe, and no fsdp, context or sequence parallelism; got {axes}")
-    n_micro = schedules.micro_batches(table)
+    n_micro = pipeline_schedules.micro_batches(table)
 
     @jax.custom_vjp
     def pipelined(params, batch, key):
@@ -126,7 +126,7 @@ def loss(
 
 
 def sharded_loss_and_grads(
-    mesh: jax.sharding.Mesh, stage: Stage, table: schedules.Table, *, width: int, axis_name: str = PIPE
+    mesh: jax.sharding.Mesh, stage: Stage, table: pipeline_schedules.Table, *, width: int, axis_name: str = PIPE
 ) -> Callable[..., tuple[Float[Array, ""], Params]]:
     """`loss_and_grads` under `jax.jit(jax.shard_map(...))` over `mesh`: `fn(params, batch, key=None) ->
     (loss, grads)`, params placed by `param_specs` (`parallel.shard`), the batch and key replicated."""
@@ -189,7 +189,7 @@ def loss_and_grads(
     params: Params,
     batch: Batch,
     stage: Stage,
-    table: schedules.Table,
+    table: pipeline_schedules.Table,
     *,
     width: int,
     key: PRNGKeyArray | None = None,
@@ -198,14 +198,16 @@ def loss_and_grads(
     """The whole batch's loss and its gradients, pipelined by `table` over `axes.pipe`, inside
     `shard_map` (params placed by `stage_specs`, the batch split over `axes.data` only). The gradients are
     placed like the params; under `axes.data` they are this shard's share, still to be summed over it."""
-    n_micro = schedules.micro_batches(table)
-    schedules.check(table, jax.lax.axis_size(axes.pipe), n_micro)
-    slots = schedules.buffer_slots(table)
+    n_micro = pipeline_schedules.micro_batches(table)
+    pipeline_schedules.check(table, jax.lax.axis_size(axes.pipe), n_micro)
+    slots = pipeline_schedules.buffer_slots(table)
     forward, x0, loss0, local = _setup(params, batch, stage, width, n_micro, key, axes, slots)
     carry = (x0, x0, jax.tree.map(jnp.zeros_like, local), loss0)
     step = functools.partial(_run_step, forward, local, axis_name=axes.pipe, slots=slots)
     pad = ((0, 0), (1, 1))  # an idle stage on either side, so every stage reads its neighbours' entries
-    (_, _, grads, loss), _ = jax.lax.scan(step, carry, tuple(jnp.pad(a, pad) for a in schedules.as_arrays(table)))
+    (_, _, grads, loss), _ = jax.lax.scan(
+        step, carry, tuple(jnp.pad(a, pad) for a in pipeline_schedules.as_arrays(table))
+    )
     shared = jax.lax.psum({k: v for k, v in grads.items() if k != "blocks"}, axes.pipe)
     return jax.lax.psum(loss, _reduced(axes)), {**shared, "blocks": grads["blocks"]}
 
@@ -260,8 +262,8 @@ def _run_step(forward, params, carry, row, *, axis_name: str, slots: int):
         y = jax.lax.ppermute(y, axis_name, [(i, i + 1) for i in range(n_stages - 1)])
         dx = jax.lax.ppermute(dx, axis_name, [(i + 1, i) for i in range(n_stages - 1)])
     # keep what the neighbours sent, in the slot of the micro-batch they worked on
-    xs = xs.at[prev_m % slots].set(jnp.where(prev_kind == schedules.FORWARD, y, xs[prev_m % slots]))
-    dys = dys.at[next_m % slots].set(jnp.where(next_kind == schedules.BACKWARD, dx, dys[next_m % slots]))
+    xs = xs.at[prev_m % slots].set(jnp.where(prev_kind == pipeline_schedules.FORWARD, y, xs[prev_m % slots]))
+    dys = dys.at[next_m % slots].set(jnp.where(next_kind == pipeline_schedules.BACKWARD, dx, dys[next_m % slots]))
     grads = jax.tree.map(jnp.add, grads, dparams)
     return (xs, dys, grads, loss + loss_m), None
 

@@ -15,11 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import gpt
+from models import gpt, gpt_flops
 from purejax import tree as tree_lib
 from purejax.precision import Policy, with_policy
 from tests.purejax.nn.test_stack import _has_scan
-from train.gpt_config import TrainConfig
+from train.gpt_settings import GPTSettings
 
 CONFIG = gpt.GPTConfig(block_size=8, vocab_size=37, n_layer=2, n_head=4, n_embd=32, layers="scan")  # not "auto"
 LOOP = dataclasses.replace(CONFIG, layers="loop")
@@ -145,11 +145,11 @@ def test_scan_and_loop_agree_in_values_and_gradients_with_dropout():
 
 @pytest.mark.parametrize(("n_layer", "remat", "scans"), [(4, "none", False), (12, "none", True), (4, "block", True)])
 def test_the_default_layers_auto_loops_shallow_stacks_and_scans_deep_or_rematerialised_ones(n_layer, remat, scans):
-    """GPTConfig() and the training program's TrainConfig() default to layers="auto" (`stack.resolve`): 4 layers
+    """GPTConfig() and the training program's GPTSettings() default to layers="auto" (`stack.resolve`): 4 layers
     unrolled (no scan in the program), 12 layers, or 4 rematerialised, under a scan. Traced, never compiled."""
     small = dict(block_size=8, n_head=2, n_embd=16, n_layer=n_layer, remat=remat)
     idx = jnp.zeros((2, 8), jnp.int32)
-    for config in (gpt.GPTConfig(vocab_size=16, **small), TrainConfig(**small).model_config(vocab_size=16)):
+    for config in (gpt.GPTConfig(vocab_size=16, **small), GPTSettings(**small).model_config(vocab_size=16)):
         params = jax.eval_shape(partial(gpt.init, config=config), jax.random.key(0))
         assert _has_scan(lambda p, c=config: gpt.loss(p, (idx, idx), c), params) == scans, config
 
@@ -232,20 +232,20 @@ def test_parameter_counts_match_nanogpts_gpt2_small():
     and GPT-2 small has 124,439,808 parameters in all with 50257 (the Hugging Face count)."""
     small = gpt.GPTConfig()  # nanoGPT's defaults are GPT-2 small
     shapes = jax.eval_shape(partial(gpt.init, config=small), jax.random.key(0))
-    assert gpt.num_params(shapes) == 123_689_472
+    assert gpt_flops.num_params(shapes) == 123_689_472
     hf_small = dataclasses.replace(small, vocab_size=50257)
     hf_shapes = jax.eval_shape(partial(gpt.init, config=hf_small), jax.random.key(0))
-    assert gpt.num_params(hf_shapes, non_embedding=False) == 124_439_808
+    assert gpt_flops.num_params(hf_shapes, non_embedding=False) == 124_439_808
 
 
 def test_flops_and_mfu_follow_nanogpts_formula():
     small = gpt.GPTConfig()
     per_token = 6 * 123_689_472 + 12 * 12 * 12 * 64 * 1024
-    assert gpt.flops_per_token(small) == per_token
+    assert gpt_flops.flops_per_token(small) == per_token
     # nanoGPT's estimate_mfu: batch 12 x 1024 tokens per iteration at 1 s, against an A100's 312 TFLOP/s
-    np.testing.assert_allclose(gpt.estimate_mfu(small, 12 * 1024, 312e12), per_token * 12 * 1024 / 312e12)
+    np.testing.assert_allclose(gpt_flops.estimate_mfu(small, 12 * 1024, 312e12), per_token * 12 * 1024 / 312e12)
     with pytest.raises(ValueError, match="peak_flops must be positive"):
-        gpt.estimate_mfu(small, 1000.0, 0.0)
+        gpt_flops.estimate_mfu(small, 1000.0, 0.0)
 
 
 # ---------------------------------------------------------------- errors

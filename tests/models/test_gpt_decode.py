@@ -140,7 +140,7 @@ def test_the_generation_loop_never_copies_the_cache(batch):
     params, prompt = make_params(), tokens((batch, 3))
     args = (params, prompt, jnp.full((batch,), 3), CONFIG, jax.random.key(0), max_new, 0.0, None, None)
     width = -(-(3 + max_new) // CONFIG.block_size) * CONFIG.block_size
-    hlo = gpt_decode._generate.lower(*args, width).compile().as_text()
+    hlo = gpt_decode._generate.lower(*args, width, CONFIG.block_size).compile().as_text()
     cache_elements = batch * CONFIG.n_head * CONFIG.block_size * (CONFIG.n_embd // CONFIG.n_head)
     copies = _copies_of_the_cache(hlo, cache_elements)
     assert set(copies) <= {"ENTRY"} and copies.get("ENTRY", 0) <= 2 * CONFIG.n_layer, copies
@@ -150,7 +150,7 @@ def test_a_cache_of_another_model_is_rejected():
     deeper = dataclasses.replace(CONFIG, n_layer=3)
     with pytest.raises(ValueError, match=r"cache\['k'\] must be a list of n_layer=2 arrays \(8, 8, 8\)"):
         gpt_decode.decode_step(make_params(), gpt_decode.init_cache(deeper, B), tokens((B, 1)), CONFIG)
-    with pytest.raises(ValueError, match=r"cache\['index'\] must have shape \(2,\)"):
+    with pytest.raises(ValueError, match=r"cache\['index'\] must be 2 integers, one per row"):
         cache = gpt_decode.init_cache(CONFIG, B)
         gpt_decode.decode_step(make_params(), {**cache, "index": cache["index"][:1]}, tokens((B, 1)), CONFIG)
     with pytest.raises(KeyError, match=r"gpt cache: params have missing keys \['index'\]"):
@@ -203,11 +203,11 @@ def naive_step(length):
     return step
 
 
-def naive_generate(params, prompt, key, max_new_tokens, temperature, top_p):
-    """nanoGPT's loop, written plainly: crop to the last block_size tokens, run the whole context, sample."""
+def naive_generate(params, prompt, key, max_new_tokens, temperature, top_p, max_len=CONFIG.block_size):
+    """nanoGPT's loop, written plainly: crop to the last max_len tokens, run the whole context, sample."""
     idx = prompt
     for i in range(max_new_tokens):
-        context = idx[:, -CONFIG.block_size :]
+        context = idx[:, -max_len:]
         next_id = naive_step(context.shape[1])(params, context, jax.random.fold_in(key, i), temperature, top_p)
         idx = jnp.concatenate([idx, next_id[:, None]], axis=1)
     return idx
@@ -225,6 +225,15 @@ def test_generate_equals_nanogpts_loop_past_block_size(prompt_len, max_new, temp
     chex.assert_shape(out, (B, prompt_len + max_new))
     assert out.dtype == jnp.int32
     np.testing.assert_array_equal(out, naive_generate(params, prompt, key, max_new, temperature, 0.9))
+
+
+def test_generate_with_a_shorter_context_crops_to_its_last_max_len_tokens():
+    """max_len=5 < block_size=8: a cache of 5 positions, and nanoGPT's crop at 5 tokens instead of 8."""
+    params, prompt, key = make_params(), tokens((B, 4), seed=4), jax.random.key(5)
+    out = gpt_decode.generate(params, prompt, CONFIG, key=key, max_new_tokens=5, temperature=0.0, top_k=5, max_len=5)
+    np.testing.assert_array_equal(out, naive_generate(params, prompt, key, 5, 0.0, None, max_len=5))
+    with pytest.raises(ValueError, match=r"max_len must be an int in \[1, block_size=8\], got 9"):
+        gpt_decode.generate(params, prompt, CONFIG, key=key, max_new_tokens=1, max_len=9)
 
 
 def test_generate_compiles_once():

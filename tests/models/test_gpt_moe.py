@@ -3,8 +3,9 @@
 The independent reference: experts that are all copies of one dense MLP, each token to 2 of them with gates
 that sum to 1 and nothing dropped, compute exactly the dense GPT; the loss adds moe_aux_weight times the
 layers' mean load-balancing loss, whose formula tests/purejax/nn/test_moe.py checks. The statistics summed
-through the scan equal the blocks run one by one; scan and loop agree; FLOPs count a token's active experts;
-`train.gpt` runs with --n_experts and --ep and equals one device; bad settings are refused."""
+through the scan (gpt_parallel.loss_and_metrics) equal `gpt_moe.block` run one by one; scan and loop agree;
+FLOPs count a token's active experts; `train.gpt` runs with --n_experts and --ep and equals one device; bad
+settings are refused."""
 
 import dataclasses
 import functools
@@ -14,13 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import gpt, gpt_moe, gpt_parallel
+from models import gpt, gpt_flops, gpt_moe, gpt_parallel
 from purejax import tree as tree_lib
 from purejax.nn import stack
 from tests.train.test_gpt import TINY, corpus, final_state, finish, run_gpt  # noqa: F401 - corpus: a fixture
 from tests.train.test_parallel import assert_same_state
-from train.config import ConfigError
-from train.gpt import TrainConfig
+from train.gpt import GPTSettings
+from train.kit.settings import ConfigError
 
 DENSE = gpt.GPTConfig(block_size=8, vocab_size=32, n_layer=3, n_head=2, n_embd=16)
 MOE = dataclasses.replace(DENSE, n_experts=4, expert_top_k=2, capacity_factor=0.0, moe_aux_weight=0.1)
@@ -55,17 +56,17 @@ def test_experts_that_copy_the_dense_mlp_compute_the_dense_gpt_plus_the_weighted
     loss, metrics = jax.jit(functools.partial(gpt_parallel.loss_and_metrics, config=MOE))(params, data)
     assert float(metrics["moe_aux"]) > 1.0  # a random router is not perfectly balanced
     np.testing.assert_allclose(loss, want + MOE.moe_aux_weight * metrics["moe_aux"], rtol=1e-6)
-    np.testing.assert_allclose(gpt.loss(params, data, MOE), loss, rtol=1e-6)
+    np.testing.assert_allclose(gpt.loss(params, data, MOE), want, rtol=1e-5)  # gpt.loss: the cross-entropy alone
     assert float(metrics["moe_dropped"]) == 0.0
 
 
 def test_train_gpts_evaluation_reports_the_cross_entropy_alone_and_its_step_the_weighted_sum():
     from train import gpt_steps
-    from train.parallel import Devices
+    from train.kit.devices import Devices
 
     dense = random_params(DENSE)
     params, data = experts_copying_the_dense_mlp(dense), batch(DENSE)
-    cfg = TrainConfig(
+    cfg = GPTSettings(
         n_layer=3,
         n_head=2,
         n_embd=16,
@@ -87,14 +88,14 @@ def test_the_statistics_through_the_scan_are_the_blocks_one_by_one():
     """With capacity 1.0 (drops), the summed statistics equal each block's, run in a Python loop."""
     config = dataclasses.replace(MOE, capacity_factor=1.0)
     params, (idx, _) = random_params(config), batch(config)
-    _, stats = jax.jit(functools.partial(gpt.hidden_with_stats, config=config))(params, idx)
+    _, metrics = jax.jit(functools.partial(gpt_parallel.loss_and_metrics, config=config))(params, (idx, idx))
     x = params["wte"]["w"][idx] + params["wpe"]["w"][jnp.arange(idx.shape[1])]
     want = {"aux": 0.0, "dropped": 0.0}
     for layer in stack.unstack(params["blocks"]):
-        x, layer_stats = gpt.block_with_stats(layer, x, config)
+        x, layer_stats = gpt_moe.block(layer, x, config)
         want = {k: want[k] + float(layer_stats[k]) for k in want}
-    np.testing.assert_allclose(stats["aux"], want["aux"], rtol=1e-5)
-    np.testing.assert_allclose(stats["dropped"], want["dropped"], rtol=1e-5)
+    np.testing.assert_allclose(metrics["moe_aux"] * config.n_layer, want["aux"], rtol=1e-5)
+    np.testing.assert_allclose(metrics["moe_dropped"] * config.n_layer, want["dropped"], rtol=1e-5)
     assert want["dropped"] > 0
 
 
@@ -102,9 +103,9 @@ def test_scan_and_loop_agree_with_dropout_and_drops():
     config = dataclasses.replace(MOE, capacity_factor=1.0, dropout=0.1)
     params, data, key = random_params(config), batch(config), jax.random.key(3)
     losses = [
-        jax.jit(jax.value_and_grad(functools.partial(gpt.loss, config=dataclasses.replace(config, layers=mode))))(
-            params, data, key=key
-        )
+        jax.jit(
+            jax.value_and_grad(functools.partial(gpt_parallel.loss, config=dataclasses.replace(config, layers=mode)))
+        )(params, data, key=key)
         for mode in ("scan", "loop")
     ]
     np.testing.assert_allclose(losses[0][0], losses[1][0], rtol=1e-5)
@@ -119,7 +120,7 @@ def test_flops_count_a_tokens_active_experts():
     top_k - 1 more MLPs) per layer."""
     mlp = 2 * DENSE.n_embd * 4 * DENSE.n_embd + 4 * DENSE.n_embd + DENSE.n_embd  # fc, proj and their biases
     extra = DENSE.n_layer * (DENSE.n_embd * MOE.n_experts + (MOE.expert_top_k - 1) * mlp)
-    assert gpt.flops_per_token(MOE) == gpt.flops_per_token(DENSE) + 6 * extra
+    assert gpt_flops.flops_per_token(MOE) == gpt_flops.flops_per_token(DENSE) + 6 * extra
 
 
 def test_the_params_hold_a_router_and_stacked_experts_in_place_of_the_mlp():
@@ -155,7 +156,7 @@ def test_bad_moe_configs_are_refused(changes, message):
 )
 def test_bad_training_settings_are_refused(settings, message):
     with pytest.raises(ConfigError, match=message):
-        TrainConfig(**settings)
+        GPTSettings(**settings)
 
 
 def test_train_gpt_with_experts_over_the_data_axis_equals_one_device(tmp_path, corpus):  # noqa: F811

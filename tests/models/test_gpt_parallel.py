@@ -51,7 +51,7 @@ AXES = {  # the second mesh axis ("model") as a tensor, sequence or context axis
     ("remat", "fsdp", "scans"), [("none", False, False), ("block", False, True), ("none", True, True)]
 )
 def test_layers_auto_on_a_mesh_scans_rematerialised_blocks(split, remat, fsdp, scans):
-    """`layers="auto"` on a mesh decides as on one device (`gpt.run_blocks`, which the sequence- and
+    """`layers="auto"` on a mesh decides as on one device (`stack.run`, which the sequence- and
     context-parallel paths share): 2 layers unrolled, but a scan when the blocks are rematerialised, by `remat`
     or by FSDP's gather under jax.checkpoint (unrolled, XLA:CPU keeps every layer's gathered params: 21 against
     5 MB of scratch for a 4-layer, 256-wide GPT on 8 devices, dp=8). Traced on an abstract 2 x 4 mesh: no

@@ -8,7 +8,7 @@ import numpy as np
 from models import gpt, gpt_pipeline
 from purejax import parallel
 from purejax import tree as tree_lib
-from purejax.parallel import pipeline, schedules
+from purejax.parallel import pipeline, pipeline_schedules
 
 CONFIG = gpt.GPTConfig(block_size=8, vocab_size=32, n_layer=2, n_head=2, n_embd=16)
 
@@ -18,7 +18,7 @@ def test_one_stage_is_gpt_loss_and_its_gradients():
     tokens = jax.random.randint(jax.random.key(1), (4, 9), 0, CONFIG.vocab_size)
     batch = (tokens[:, :-1], tokens[:, 1:].at[0, :3].set(-1))  # some ignored targets
     mesh = jax.make_mesh((1,), (pipeline.PIPE,), devices=jax.devices()[:1])
-    fn = gpt_pipeline.sharded_loss_and_grads(mesh, CONFIG, schedules.one_f_one_b(1, 2))
+    fn = gpt_pipeline.sharded_loss_and_grads(mesh, CONFIG, pipeline_schedules.one_f_one_b(1, 2))
     loss, grads = fn(parallel.shard(params, pipeline.param_specs(params), mesh), batch)
     ref_loss, ref_grads = jax.value_and_grad(gpt.loss)(params, batch, CONFIG)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)

@@ -13,8 +13,8 @@ from purejax.parallel import MeshAxes
 from tests.children import child_results
 from tests.train.test_gpt import TINY, final_state, finish, run_gpt
 from tests.train.test_parallel import assert_same_state, corpus, even_corpus  # noqa: F401 - fixtures
-from train.config import ConfigError
-from train.gpt import TrainConfig
+from train.gpt import GPTSettings
+from train.kit.settings import ConfigError
 
 HERE = Path(__file__).resolve().parent
 
@@ -101,12 +101,12 @@ def test_errors_name_what_sp_cannot_do(sp_results):
 
 def test_train_config_refuses_sp_without_what_it_needs():
     with pytest.raises(ConfigError, match="needs --tp > 1"):
-        TrainConfig(sp=True)
+        GPTSettings(sp=True)
     with pytest.raises(ConfigError, match="block_size divisible by tp .* tp=4, block_size=66"):
-        TrainConfig(sp=True, tp=4, block_size=66)
+        GPTSettings(sp=True, tp=4, block_size=66)
     with pytest.raises(ConfigError, match="no --cp or --pp"):
-        TrainConfig(sp=True, tp=2, cp=2, block_size=64, dropout=0.0)
-    assert TrainConfig(sp=True, tp=2).sp
+        GPTSettings(sp=True, tp=2, cp=2, block_size=64, dropout=0.0)
+    assert GPTSettings(sp=True, tp=2).sp
 
 
 def test_train_gpt_with_sp_equals_tensor_parallelism(tmp_path, even_corpus):  # noqa: F811

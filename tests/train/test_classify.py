@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from purejax import checkpoint, tree
-from train import classify, confusion, signals
-from train import loop as loop_lib
+from train import classify, confusion
 from train.data import images as images_lib
+from train.kit import loop as loop_lib
+from train.kit import signals
 
 # MobileNetV1 at width 0.25 (the quickest MobileNet to compile), 44 steps of 32 per epoch, 3 epochs, no augmentation;
 # BatchNorm momentum raised so that eval-mode statistics keep up with so short a run.
@@ -101,7 +102,7 @@ def test_random_shift_is_a_crop_of_the_zero_padded_image():
 @pytest.mark.usefixtures("needs_sklearn")
 def test_epoch_batches_are_a_function_of_seed_and_epoch():
     data = images_lib.load_digits()
-    cfg = classify.ClassifyConfig(batch_size=100)
+    cfg = classify.ClassifySettings(batch_size=100)
     x1, y1 = classify.epoch_batches(data, cfg, 3)
     x2, y2 = classify.epoch_batches(data, cfg, 3)
     assert x1.shape == (14, 100, 8, 8, 1) and y1.shape == (14, 100)

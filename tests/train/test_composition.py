@@ -1,4 +1,4 @@
-"""docs/parallelism.md's table of which parallel modes combine is the one `TrainConfig` enforces: every pair
+"""docs/parallelism.md's table of which parallel modes combine is the one `GPTSettings` enforces: every pair
 of modes is built, and a "no" must be refused (before anything compiles) with an error naming a flag of each."""
 
 import re
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from train.config import ConfigError
-from train.gpt_config import TrainConfig
+from train.gpt_settings import GPTSettings
+from train.kit.settings import ConfigError
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "parallelism.md"
 MODES = {
@@ -47,10 +47,10 @@ def test_train_config_accepts_exactly_the_documented_pairs(pair):
     (a, b), supported = pair
     settings = {**BASE, **MODES[a], **MODES[b]}
     if supported:
-        TrainConfig(**settings)
+        GPTSettings(**settings)
         return
     with pytest.raises(ConfigError) as refused:
-        TrainConfig(**settings)
+        GPTSettings(**settings)
     message = str(refused.value)
     assert f"--{FLAGS[a]}" in message or FLAGS[a] in message, message
     assert f"--{FLAGS[b]}" in message or FLAGS[b] in message, message

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from train import classify, flow, gpt, mlp, sample
-from train import config as config_lib
-from train.config import ConfigError, check_ranges, setting
+from train.kit import settings as settings_lib
+from train.kit.settings import ConfigError, check_ranges, setting
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAMS = [
-    (gpt.main, gpt.TrainConfig),
-    (flow.main, flow.TrainConfig),
-    (classify.main, classify.ClassifyConfig),
+    (gpt.main, gpt.GPTSettings),
+    (flow.main, flow.FlowSettings),
+    (classify.main, classify.ClassifySettings),
     (mlp.main, mlp.MLPSettings),
     (sample.main, sample.SampleConfig),
 ]
@@ -36,10 +36,10 @@ def test_every_program_answers_help_with_each_setting_its_type_default_and_help(
     hints = typing.get_type_hints(cls)  # the program's own fields and the shared ones it inherits
     for field in dataclasses.fields(cls):
         line = lines[f"--{field.name}"]
-        assert field.metadata["help"] in line and config_lib.type_name(hints[field.name]) in line
+        assert field.metadata["help"] in line and settings_lib.type_name(hints[field.name]) in line
     assert re.search(r"--learning_rate=float\s+0.001\s+the peak learning rate.*\(> 0\)", out) or cls not in (
-        gpt.TrainConfig,
-        flow.TrainConfig,
+        gpt.GPTSettings,
+        flow.FlowSettings,
     )
 
 
@@ -97,15 +97,15 @@ def test_ranges_hints_and_optional_values():
         def __post_init__(self):
             check_ranges(self)
 
-    assert config_lib.parse_args(Settings, ["--count=none", "--rate=1"]) == Settings(1.0, None)
-    assert config_lib.parse_args(Settings, ["--count=3"]).count == 3
+    assert settings_lib.parse_args(Settings, ["--count=none", "--rate=1"]) == Settings(1.0, None)
+    assert settings_lib.parse_args(Settings, ["--count=3"]).count == 3
     for args, message in (
         (["--rate=1.5"], "rate=1.5: must be > 0 and <= 1"),
         (["--count=0"], "count=0: must be >= 1"),
         (["--count", "3"], "write --count=3"),
     ):
         with pytest.raises(ConfigError, match=re.escape(message)):
-            config_lib.parse_args(Settings, args)
+            settings_lib.parse_args(Settings, args)
     assert not math.isnan(Settings().rate)
 
 
@@ -115,17 +115,17 @@ def test_a_bool_setting_may_be_given_bare():
         sp: bool = setting(False, "a switch")
         count: int = setting(1, "a count")
 
-    assert config_lib.parse_args(Settings, ["--sp"]).sp is True
-    assert config_lib.parse_args(Settings, ["--sp=false"]).sp is False
+    assert settings_lib.parse_args(Settings, ["--sp"]).sp is True
+    assert settings_lib.parse_args(Settings, ["--sp=false"]).sp is False
     with pytest.raises(ConfigError, match=re.escape("write --count=3")):  # only bools go bare
-        config_lib.parse_args(Settings, ["--count", "3"])
+        settings_lib.parse_args(Settings, ["--count", "3"])
 
 
-@pytest.mark.parametrize("cls, preset", [(gpt.TrainConfig, "gpt_cpu"), (sample.SampleConfig, None)])
+@pytest.mark.parametrize("cls, preset", [(gpt.GPTSettings, "gpt_cpu"), (sample.SampleConfig, None)])
 def test_train_gpt_md_lists_every_setting_as_generated_from_the_dataclass(cls, preset):
     """docs/train-gpt.md, which the README calls the list of all training flags, holds the very table the
-    dataclass generates: regenerate it with `python -m train.config <module> <class> [preset]`."""
-    table = config_lib.markdown_table(cls, preset)
+    dataclass generates: regenerate it with `python -m train.kit.settings <module> <class> [preset]`."""
+    table = settings_lib.markdown_table(cls, preset)
     assert table in (ROOT / "docs" / "train-gpt.md").read_text(), (
         f"docs/train-gpt.md is out of date; its table of {cls.__name__} should read:\n{table}"
     )

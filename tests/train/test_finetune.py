@@ -13,10 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import gpt, gpt_hf
+from models import gpt, gpt_flops, gpt_hf
 from purejax import checkpoint, lora, optim
-from train import config as config_lib
 from train import finetune
+from train.kit import settings as settings_lib
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -102,7 +102,7 @@ def test_adapters_alone_and_the_merged_export(finetuned, base_dir):
     adapters, config = lora.load(result["adapters"])
     assert config == lora.LoraConfig(targets=("blocks.attn.qkv.w", "blocks.mlp.*.w"), rank=8, alpha=16.0)
     base, _ = gpt_hf.load(base_dir)
-    assert (root / "out" / "adapters.msgpack").stat().st_size < 0.5 * 4 * gpt.num_params(base, False)
+    assert (root / "out" / "adapters.msgpack").stat().st_size < 0.5 * 4 * gpt_flops.num_params(base, False)
     # The merged directory is base + adapters: the same logits as the base run with the adapters.
     merged, merged_config = gpt_hf.load(root / "merged")
     idx = jnp.asarray(np.frombuffer(b"def fine(tune): return 1", np.uint8).astype(np.int32)[None])
@@ -183,7 +183,7 @@ def test_a_llama_base(texts, tmp_path, monkeypatch):
 
 
 def test_docs_list_every_setting():
-    """docs/lora.md holds the table `FinetuneConfig` generates (`python -m train.config
-    train.finetune FinetuneConfig` regenerates it)."""
-    table = config_lib.markdown_table(finetune.FinetuneConfig)
+    """docs/lora.md holds the table `FinetuneSettings` generates (`python -m train.kit.settings
+    train.finetune FinetuneSettings` regenerates it)."""
+    table = settings_lib.markdown_table(finetune.FinetuneSettings)
     assert table in (ROOT / "docs" / "lora.md").read_text(), f"docs/lora.md's settings table should read:\n{table}"

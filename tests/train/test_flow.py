@@ -72,7 +72,7 @@ def test_resume_is_bit_exact_for_microdit_and_keeps_the_architecture(tmp_path, c
 
 def test_layers_reaches_the_model_and_is_not_a_model_key():
     data = flow.images_lib.load_digits()
-    assert flow.TrainConfig(layers="loop").model_config(data).layers == "loop"
+    assert flow.FlowSettings(layers="loop").model_config(data).layers == "loop"
     assert "layers" not in flow.MODEL_KEYS  # how the blocks run is not part of the model: a resume may change it
 
 
@@ -90,7 +90,7 @@ def test_bfloat16_training_keeps_t_in_float32(monkeypatch):
 
     monkeypatch.setattr(flow.dit, "velocity", velocity)
     data = flow.images_lib.load_digits()
-    cfg = flow.TrainConfig(d_model=32, n_layer=1, n_head=2, dtype="bfloat16")
+    cfg = flow.FlowSettings(d_model=32, n_layer=1, n_head=2, dtype="bfloat16")
     model = cfg.model_config(data)
     loss_fn = flow.make_loss_fn(cfg, model, Policy(jnp.float32, "bfloat16", jnp.float32))  # as main() builds it
     params = flow.dit.init(jax.random.key(0), model)
@@ -101,7 +101,7 @@ def test_bfloat16_training_keeps_t_in_float32(monkeypatch):
 
 def test_batches_are_a_function_of_seed_and_step():
     data = flow.images_lib.load_digits()
-    cfg = flow.TrainConfig(batch_size=16)
+    cfg = flow.FlowSettings(batch_size=16)
     x, y = flow.get_batch(data, cfg, 7)
     np.testing.assert_array_equal(x, flow.get_batch(data, cfg, 7)[0])
     assert x.shape == (16, 8, 8, 1) and x.min() >= -1 and x.max() <= 1 and y.dtype == np.int32

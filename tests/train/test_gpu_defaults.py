@@ -7,7 +7,7 @@ import pytest
 
 from purejax import checkpoint
 from purejax.precision import resolve_compute_dtype
-from train import run
+from train.kit import peak_flops
 
 
 @pytest.mark.parametrize(
@@ -43,7 +43,7 @@ def test_auto_compute_dtype_by_platform(name, platform, expected):
     ],
 )
 def test_peak_table_by_device_kind(device_kind, tflops):
-    peak = run.accelerator_peak_flops(device_kind)
+    peak = peak_flops.accelerator_peak_flops(device_kind)
     assert peak == (None if tflops is None else tflops * 1e12)
 
 

@@ -1,4 +1,4 @@
-"""The loop every training program shares (`train.loop`) and what runs around it (`train.run`),
+"""The loop every training program shares (`train.kit.loop`) and what runs around it (`train.kit.metrics`, `plots`),
 with a stand-in step so that nothing compiles: the cadence of evaluations and saves, the rows of metrics.jsonl
 (strict JSON, honest timings, no row twice after a resume), plain lines where there is no terminal, and the
 divergence watch. The signals themselves are tests/train/test_signals.py."""
@@ -11,8 +11,8 @@ from pathlib import Path
 import jax.numpy as jnp
 import pytest
 
-from train import loop as loop_lib
-from train import run, signals
+from train.kit import loop as loop_lib
+from train.kit import metrics, plots, signals
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -108,13 +108,13 @@ def test_a_signal_in_the_loop_saves_after_the_step_in_flight_and_exits_0(tmp_pat
 
 
 def test_metrics_log_writes_strict_json(tmp_path):
-    log = run.MetricsLog(tmp_path / "m.jsonl")
+    log = metrics.MetricsLog(tmp_path / "m.jsonl")
     log.write(iter=1, loss=jnp.float32(jnp.nan), big=math.inf, ok=jnp.int32(3), flag=jnp.bool_(True))
     assert strict_rows(tmp_path / "m.jsonl") == [{"iter": 1, "loss": None, "big": None, "ok": 3, "flag": True}]
 
 
 def test_a_missing_matplotlib_is_said(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(run, "pyplot", lambda: None)
+    monkeypatch.setattr(plots, "pyplot", lambda: None)
     loop = make_loop(tmp_path, [])
     loop.run(0, fake_step())
     assert loop.plot("t") is None
@@ -122,10 +122,10 @@ def test_a_missing_matplotlib_is_said(tmp_path, monkeypatch, capsys):
 
 
 def test_no_bar_without_a_terminal_or_tqdm(monkeypatch):
-    assert run.live_bar(10) is None  # pytest's stdout is not a terminal
+    assert metrics.live_bar(10) is None  # pytest's stdout is not a terminal
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
     monkeypatch.setitem(sys.modules, "tqdm", None)  # as if not installed
-    assert run.live_bar(10) is None and run.live_bar(10, enabled=False) is None
+    assert metrics.live_bar(10) is None and metrics.live_bar(10, enabled=False) is None
 
 
 def test_a_row_whose_window_holds_only_the_first_step_has_no_timing(tmp_path):

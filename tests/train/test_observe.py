@@ -1,4 +1,4 @@
-"""Looking inside a run (`train.observe`, `compile_cache`, `loggers`): the persistent compilation cache
+"""Looking inside a run (`train.kit.observe`, `compile_cache`, `loggers`): the persistent compilation cache
 counted across two runs, a profiler trace of the steps asked for, TensorBoard and W&B logs read back and
 compared with metrics.jsonl, clear errors for a missing package or a malformed setting, before any compile."""
 
@@ -13,9 +13,10 @@ from pathlib import Path
 import jax
 import pytest
 
-from train import compile_cache, flow, gpt, observe, resume
-from train import config as config_lib
-from train.config import ConfigError
+from train import flow, gpt
+from train.kit import compile_cache, observe, resume
+from train.kit import settings as settings_lib
+from train.kit.settings import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--config=gpt_tiny", "--progress=false", "--peak_flops=1e11", "--eval_iters=1", "--log_interval=1"]
@@ -102,11 +103,11 @@ def test_a_malformed_profile_is_a_one_line_error_naming_the_key():
     with pytest.raises(SystemExit, match=r"profile='10': expected START:STOP"):
         gpt.parse(["--profile=10"])
     with pytest.raises(ConfigError, match="remat='everything'.*'dots_saveable'"):
-        flow.TrainConfig(remat="everything")
+        flow.FlowSettings(remat="everything")
 
 
 def test_help_lists_the_shared_settings_after_the_programs_own():
-    names = [row[0] for row in config_lib.describe(gpt.TrainConfig)]
+    names = [row[0] for row in settings_lib.describe(gpt.GPTSettings)]
     assert names[0] == "out_dir" and names[-6:] == [
         "compile_cache",
         "profile",
@@ -118,7 +119,7 @@ def test_help_lists_the_shared_settings_after_the_programs_own():
 
 
 def test_how_a_run_is_watched_is_never_taken_from_the_checkpoint():
-    cfg = flow.TrainConfig(init_from="resume")
+    cfg = flow.FlowSettings(init_from="resume")
     saved = {"tensorboard": True, "profile": "1:2", "max_iters": 7, "compile_cache": "/elsewhere"}
     resumed = resume.settings(cfg, given=set(), saved=saved, fixed=())
     assert (resumed.tensorboard, resumed.profile, resumed.compile_cache) == (False, "", "auto")

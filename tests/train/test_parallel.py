@@ -5,7 +5,7 @@ and data parallel, 4 simulated CPU devices in one process) trains the first 8 it
 processes with 2 devices each, fully sharded over dp=4, resumes that checkpoint (saved from one mesh,
 restored onto another) for 4 more. Both checkpoints must equal the single-device run's.
 
-The unit tests below check `train.parallel.Devices` without a mesh, and the batch rows each process reads.
+The unit tests below check `train.kit.devices.Devices` without a mesh, and the batch rows each process reads.
 """
 
 import os
@@ -17,8 +17,8 @@ import pytest
 from purejax.parallel import launch
 from tests.train.test_gpt import ROOT, TINY, corpus, final_state, finish, run_gpt  # noqa: F401 - corpus: a fixture
 from train import data as data_lib
-from train.gpt import TrainConfig
-from train.parallel import Devices
+from train.gpt import GPTSettings
+from train.kit.devices import Devices
 
 COMMON = [
     *TINY,
@@ -125,8 +125,8 @@ def test_impossible_device_settings_are_rejected(settings, message):
 
 
 def test_the_vocabulary_is_padded_to_a_multiple_of_tp():
-    assert TrainConfig().model_config(108).vocab_size == 108
-    assert TrainConfig(tp=8, n_head=8).model_config(108).vocab_size == 112
+    assert GPTSettings().model_config(108).vocab_size == 108
+    assert GPTSettings(tp=8, n_head=8).model_config(108).vocab_size == 112
 
 
 def test_a_process_reads_only_its_rows_of_the_same_batch():
@@ -141,12 +141,12 @@ def test_a_process_reads_only_its_rows_of_the_same_batch():
 
 
 def test_the_module_docstring_names_only_what_exists():
-    """train/parallel.py's usage example once called `Devices.from_settings`, which never existed."""
+    """train/kit/devices.py's usage example once called `Devices.from_settings`, which never existed."""
     import re
 
-    from train import parallel as train_parallel
+    from train.kit import devices as devices_lib
 
-    names = set(re.findall(r"\b[Dd]evices\.(\w+)", train_parallel.__doc__))
+    names = set(re.findall(r"\b[Dd]evices\.(\w+)", devices_lib.__doc__))
     assert names and all(hasattr(Devices, name) for name in names), names
 
 

@@ -22,8 +22,8 @@ import pytest
 
 from tests.train.test_gpt import TINY, corpus, final_state, finish, run_gpt  # noqa: F401 - corpus: a fixture
 from tests.train.test_parallel import assert_same_state, launch_gpt
-from train import config as config_lib
-from train.gpt import TrainConfig
+from train.gpt import GPTSettings
+from train.kit import settings as settings_lib
 
 PIPELINE_ATOL = 2e-5  # a fiftieth of a step: see assert_ring_params_close
 COMMON = [
@@ -116,8 +116,8 @@ def test_two_processes_of_one_device_each_train_like_one_device(tmp_path, single
     ],
 )
 def test_impossible_pipeline_settings_are_refused_before_anything_runs(settings, message):
-    with pytest.raises(config_lib.ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        TrainConfig(**settings)
+    with pytest.raises(settings_lib.ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        GPTSettings(**settings)
 
 
 def test_the_command_line_refuses_them_before_compiling(tmp_path, corpus):  # noqa: F811

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from purejax import checkpoint
-from train import classify, flow, gpt, resume
+from train import classify, flow, gpt
 from train.data import Source, prepare
+from train.kit import resume
 
 TINY = ["--config=gpt_tiny", "--progress=false", "--peak_flops=1e11"]
 

@@ -1,4 +1,4 @@
-"""Settings checked before any work, bounded, and refused where they cannot apply (train/config_rules.py):
+"""Settings checked before any work, bounded, and refused where they cannot apply (train/kit/rules.py):
 a setting given where it has no effect names what it needs, Shampoo's start and a profile window must lie in the
 run, Muon's Newton-Schulz steps are bounded, the compile cache's directory is checked before anything compiles,
 and the fine-tune's rank and merge directory are checked against the base and the disk before training."""
@@ -11,11 +11,13 @@ import jax
 import pytest
 
 from models import gpt as gpt_model
-from train import classify, compile_cache, config_rules, flow, gpt, resume
-from train import config as config_lib
+from train import classify, flow, gpt
 from train import finetune_models as models
-from train.config import ConfigError, When, setting
-from train.finetune_config import FinetuneConfig
+from train.finetune_settings import FinetuneSettings
+from train.kit import compile_cache, resume
+from train.kit import rules as config_rules
+from train.kit import settings as settings_lib
+from train.kit.settings import ConfigError, When, setting
 
 
 def refused(parse, argv: list[str], message: str) -> None:
@@ -39,7 +41,7 @@ class Settings:
     fancy_start: int = setting(2, "the first fancy step", applies=When("mode", "fancy"), agrees=lambda s: _in_run(s))
 
     def __post_init__(self):
-        config_lib.check_ranges(self)
+        settings_lib.check_ranges(self)
 
 
 def _in_run(s: Settings) -> None:
@@ -50,14 +52,14 @@ def _in_run(s: Settings) -> None:
 def test_a_given_setting_that_has_no_effect_is_refused_whatever_its_value():
     for value in ("3", "1"):  # 1 is the default: given is given
         with pytest.raises(ConfigError, match=re.escape("--fancy_level applies only with --mode=fancy (it is plain)")):
-            config_lib.parse_args(Settings, [f"--fancy_level={value}"])
-    assert config_lib.parse_args(Settings, ["--mode=fancy", "--fancy_level=3"]).fancy_level == 3
-    assert config_lib.parse_args(Settings, ["--steps=1"]).steps == 1  # fancy_start does not apply: not checked
+            settings_lib.parse_args(Settings, [f"--fancy_level={value}"])
+    assert settings_lib.parse_args(Settings, ["--mode=fancy", "--fancy_level=3"]).fancy_level == 3
+    assert settings_lib.parse_args(Settings, ["--steps=1"]).steps == 1  # fancy_start does not apply: not checked
 
 
 def test_a_setting_that_applies_must_agree_with_the_others():
     with pytest.raises(ConfigError, match=re.escape("fancy_start=2: the run ends at steps=2")):
-        config_lib.parse_args(Settings, ["--mode=fancy", "--steps=2"])
+        settings_lib.parse_args(Settings, ["--mode=fancy", "--steps=2"])
 
 
 def test_without_the_typed_keys_a_setting_counts_as_given_when_it_differs_from_its_default():
@@ -68,7 +70,7 @@ def test_without_the_typed_keys_a_setting_counts_as_given_when_it_differs_from_i
 
 def test_a_resume_checks_the_rules_once_the_checkpoints_settings_are_merged():
     """Before the merge, `mode` is the default, not the checkpoint's: the rules wait for `resume.settings`."""
-    cfg = config_lib.parse_args(Settings, ["--init_from=resume", "--fancy_level=3"])
+    cfg = settings_lib.parse_args(Settings, ["--init_from=resume", "--fancy_level=3"])
     assert resume.settings(cfg, {"fancy_level"}, {"mode": "fancy"}, fixed=()).fancy_level == 3
     with pytest.raises(SystemExit, match=re.escape("--fancy_level applies only with --mode=fancy (it is plain)")):
         resume.settings(cfg, {"fancy_level"}, {"mode": "plain"}, fixed=())
@@ -99,7 +101,7 @@ def test_gpt_refuses_a_setting_that_would_be_ignored(argv, message):
 def test_gpt_takes_the_same_settings_where_they_apply():
     assert gpt.parse(["--optimizer=muon", "--muon_ns_steps=7"]).muon_ns_steps == 7
     assert gpt.parse(["--n_experts=4", "--expert_top_k=1"]).expert_top_k == 1
-    help_text = config_lib.help_text(gpt.TrainConfig)
+    help_text = settings_lib.help_text(gpt.GPTSettings)
     assert "Newton-Schulz steps per update" in help_text and "only with --optimizer=muon" in help_text
 
 
@@ -116,7 +118,9 @@ def test_shampoo_must_start_preconditioning_within_the_run():
     assert gpt.parse(["--max_iters=5"]).max_iters == 5  # AdamW: shampoo_start does not apply
 
 
-@pytest.mark.parametrize("parse", [gpt.parse, lambda argv: config_lib.command_line(flow.TrainConfig, argv, prog="f")])
+@pytest.mark.parametrize(
+    "parse", [gpt.parse, lambda argv: settings_lib.command_line(flow.FlowSettings, argv, prog="f")]
+)
 def test_a_profile_window_must_end_within_the_run(parse):
     refused(parse, ["--max_iters=100", "--profile=95:101"], "profile='95:101': the run ends at max_iters=100")
     refused(parse, ["--max_iters=100", "--profile=200:210"], "before iteration STOP=210")
@@ -180,10 +184,10 @@ def test_a_lora_rank_above_the_narrowest_adapted_width_is_refused():
     """A rank of 100000 on a 64-wide base wrote a 716 MB adapter file; A @ B has rank at most min(d_in, d_out)."""
     base = models.Base(gpt_model.init(jax.random.key(0), BASE), BASE, "gpt2")
     with pytest.raises(SystemExit, match=re.escape("--lora_rank=33 exceeds the width of blocks.attn.qkv.w (32 x 96)")):
-        models.check_settings(FinetuneConfig(lora_rank=33), base)
-    models.check_settings(FinetuneConfig(lora_rank=32), base)
+        models.check_settings(FinetuneSettings(lora_rank=33), base)
+    models.check_settings(FinetuneSettings(lora_rank=32), base)
     with pytest.raises(SystemExit, match=re.escape("blocks.mlp.proj.w (128 x 32)")):  # the narrow side is d_out
-        models.check_settings(FinetuneConfig(lora_rank=33, lora_targets="blocks.mlp.proj.w"), base)
+        models.check_settings(FinetuneSettings(lora_rank=33, lora_targets="blocks.mlp.proj.w"), base)
 
 
 def test_the_merge_directory_is_checked_before_training(tmp_path):
@@ -205,5 +209,5 @@ def test_the_merge_directory_is_checked_before_training(tmp_path):
 
 
 def test_the_fine_tunes_table_says_when_each_setting_applies():
-    rows = {name: meaning for name, *_, meaning in config_lib.describe(FinetuneConfig)}
+    rows = {name: meaning for name, *_, meaning in settings_lib.describe(FinetuneSettings)}
     assert "at most the narrowest side" in rows["lora_rank"] and "new or empty" in rows["merge_into"]

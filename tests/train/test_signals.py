@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from train import signals
+from train.kit import signals
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +28,7 @@ def test_two_deliveries_of_one_signal_count_once():
 
 def script(body: str, timeout: float = 60) -> subprocess.CompletedProcess:
     """Run `body` in a fresh Python (so real signals can be sent) with `signals`, `os`, `signal`, `time` imported."""
-    code = "import os, signal, time\nfrom train import signals\n" + textwrap.dedent(body)
+    code = "import os, signal, time\nfrom train.kit import signals\n" + textwrap.dedent(body)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
 

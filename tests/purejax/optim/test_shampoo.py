@@ -1,9 +1,10 @@
-"""Shampoo (purejax/optim/shampoo.py, matrix_roots.py) against a float64 numpy reference of the same algorithm,
-written here independently: loops over layers and blocks, blocks cut without padding (the last one smaller, as
-the paper's partitioner cuts them), roots by float64 `eigh`. Also: Adam before the start (optax), the roots on
-ill-conditioned matrices, a checkpoint round trip, errors; and on 8 simulated devices (this file run as a child
-process, `python test_shampoo.py OUT.json`, XLA_FLAGS set by the fixture) the shared-out roots, a data-parallel
-`sharded_train_step` and FSDP slices, each against one device, with the collectives of the compiled step."""
+"""Shampoo (purejax/optim/shampoo.py, shampoo_blocks.py, matrix_roots.py) against a float64 numpy reference of
+the same algorithm, written here independently: loops over layers and blocks, blocks cut without padding (the
+last one smaller, as the paper's partitioner cuts them), roots by float64 `eigh`. Also: Adam before the start
+(optax), the roots on ill-conditioned matrices, a checkpoint round trip, errors; and on 8 simulated devices (this
+file run as a child process, `python test_shampoo.py OUT.json`, XLA_FLAGS set by the fixture) the shared-out
+roots, a data-parallel `sharded_train_step` and FSDP slices, each against one device, with the collectives of
+the compiled step."""
 
 import functools
 import json

@@ -33,7 +33,7 @@ from models import gpt, gpt_parallel, gpt_pipeline  # noqa: E402
 from purejax import losses, optim, parallel  # noqa: E402
 from purejax import tree as tree_lib  # noqa: E402
 from purejax.nn import stack  # noqa: E402
-from purejax.parallel import pipeline, schedules  # noqa: E402
+from purejax.parallel import pipeline, pipeline_schedules  # noqa: E402
 from tests.purejax.parallel.hlo import executed_collectives  # noqa: E402
 
 CONFIG = gpt.GPTConfig(block_size=8, vocab_size=32, n_layer=4, n_head=2, n_embd=16)
@@ -112,7 +112,7 @@ def rel_err(got, want) -> float:
 def run_case(params, batch, n_stages, n_micro, name, rate) -> dict:
     config = dataclasses.replace(CONFIG, dropout=rate)
     mesh = jax.make_mesh((n_stages,), (pipeline.PIPE,), devices=jax.devices()[:n_stages])
-    table = schedules.SCHEDULES[name](n_stages, n_micro)
+    table = pipeline_schedules.SCHEDULES[name](n_stages, n_micro)
     specs = pipeline.param_specs(params)
     fn = gpt_pipeline.sharded_loss_and_grads(mesh, config, table)
     key = jax.random.key(7)
@@ -161,7 +161,7 @@ def gpipe_temp_bytes(params, batch, n_stages, n_micro, rate) -> int:
     """XLA's temporaries of the GPipe program (compiled, not run), to set beside a 1F1B case's."""
     mesh = jax.make_mesh((n_stages,), (pipeline.PIPE,), devices=jax.devices()[:n_stages])
     fn = gpt_pipeline.sharded_loss_and_grads(
-        mesh, dataclasses.replace(CONFIG, dropout=rate), schedules.gpipe(n_stages, n_micro)
+        mesh, dataclasses.replace(CONFIG, dropout=rate), pipeline_schedules.gpipe(n_stages, n_micro)
     )
     placed = parallel.shard(params, pipeline.param_specs(params), mesh)
     return fn.lower(placed, batch, jax.random.key(7)).compile().memory_analysis().temp_size_in_bytes
@@ -183,7 +183,7 @@ def train_case(pp, dp, tp, name, n_micro, rate, accumulate, steps: int = 3) -> d
     mesh = parallel.make_mesh(dp, tp, jax.devices()[: pp * dp * tp], pp=pp)
     axes = parallel.MeshAxes.of(mesh)
     specs = pipeline.stage_specs(gpt_parallel.param_specs(config, axes, mesh.shape))
-    table = schedules.SCHEDULES[name](pp, n_micro)
+    table = pipeline_schedules.SCHEDULES[name](pp, n_micro)
     optimizer = optim.adamw(1e-2, weight_decay=0.1)
     state = optim.init_train_state(make_params(), optimizer, jax.random.key(3))
     state_specs = parallel.state_specs(state, specs)
@@ -267,7 +267,9 @@ def linear_case(n_stages: int = 4, n_micro: int = 2, depth: int = 8) -> dict:
     targets[1, :4] = -1  # ignored positions
     batch = (inputs, jnp.asarray(targets))
     mesh = jax.make_mesh((n_stages,), (pipeline.PIPE,), devices=jax.devices()[:n_stages])
-    fn = pipeline.sharded_loss_and_grads(mesh, linear_stage, schedules.one_f_one_b(n_stages, n_micro), width=WIDTH)
+    fn = pipeline.sharded_loss_and_grads(
+        mesh, linear_stage, pipeline_schedules.one_f_one_b(n_stages, n_micro), width=WIDTH
+    )
     loss, grads = fn(parallel.shard(params, pipeline.param_specs(params), mesh), batch)
     ref_loss, ref_grads = jax.value_and_grad(linear_loss)(params, batch)
     flat, ref_flat = tree_lib.flatten(grads), tree_lib.flatten(ref_grads)

@@ -1,4 +1,4 @@
-"""Pipeline parallelism (purejax/parallel/schedules.py, pipeline.py). The schedule tables: every op once and
+"""Pipeline parallelism (purejax/parallel/pipeline_schedules.py, pipeline.py). The schedule tables: every op once and
 after its inputs, the bubble fraction against GPipe's formula, 1F1B's bounded activations. On 8 simulated
 devices (pipeline_child.py computes, these tests judge): the runner with a stage that is not a GPT (linear
 layers, a squared error) equals one device's loss and gradients; the pipelined GPT (models/gpt_pipeline.py):
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from purejax.parallel import schedules
+from purejax.parallel import pipeline_schedules
 from tests.children import child_results
 
 HERE = Path(__file__).resolve().parent
@@ -28,38 +28,46 @@ def results(tmp_path_factory) -> dict:
     return child_results(HERE / "pipeline_child.py", tmp_path_factory.mktemp("pipeline"))
 
 
-@pytest.mark.parametrize("name", sorted(schedules.SCHEDULES))
+@pytest.mark.parametrize("name", sorted(pipeline_schedules.SCHEDULES))
 @pytest.mark.parametrize("n_stages, n_micro", SHAPES)
 def test_schedules_are_valid_and_their_bubble_is_gpipes_formula(name, n_stages, n_micro):
-    table = schedules.SCHEDULES[name](n_stages, n_micro)
-    schedules.check(table, n_stages, n_micro)
+    table = pipeline_schedules.SCHEDULES[name](n_stages, n_micro)
+    pipeline_schedules.check(table, n_stages, n_micro)
     assert len(table) == 2 * (n_micro + n_stages - 1)
-    assert schedules.bubble_fraction(table) == pytest.approx((n_stages - 1) / (n_micro + n_stages - 1), abs=1e-12)
+    assert pipeline_schedules.bubble_fraction(table) == pytest.approx(
+        (n_stages - 1) / (n_micro + n_stages - 1), abs=1e-12
+    )
 
 
 @pytest.mark.parametrize("n_stages, n_micro", SHAPES)
 def test_1f1b_keeps_at_most_S_activations_per_stage_and_gpipe_keeps_M(n_stages, n_micro):
-    one_f_one_b = schedules.one_f_one_b(n_stages, n_micro)
-    assert max(schedules.stored_activations(one_f_one_b)) <= n_stages
-    assert schedules.buffer_slots(one_f_one_b) <= min(n_stages, n_micro)
-    assert schedules.stored_activations(schedules.gpipe(n_stages, n_micro)) == [n_micro] * n_stages
-    assert schedules.buffer_slots(schedules.gpipe(n_stages, n_micro)) == n_micro
+    one_f_one_b = pipeline_schedules.one_f_one_b(n_stages, n_micro)
+    assert max(pipeline_schedules.stored_activations(one_f_one_b)) <= n_stages
+    assert pipeline_schedules.buffer_slots(one_f_one_b) <= min(n_stages, n_micro)
+    assert pipeline_schedules.stored_activations(pipeline_schedules.gpipe(n_stages, n_micro)) == [n_micro] * n_stages
+    assert pipeline_schedules.buffer_slots(pipeline_schedules.gpipe(n_stages, n_micro)) == n_micro
 
 
 def test_the_tables_read_as_the_papers_draw_them():
-    assert schedules.render(schedules.gpipe(2, 2)) == "stage 0: F0 F1 .  .  B0 B1\nstage 1: .  F0 F1 B0 B1 ."
-    assert schedules.render(schedules.one_f_one_b(2, 3)).splitlines()[1] == "stage 1: .  F0 B0 F1 B1 F2 B2 ."
+    assert (
+        pipeline_schedules.render(pipeline_schedules.gpipe(2, 2))
+        == "stage 0: F0 F1 .  .  B0 B1\nstage 1: .  F0 F1 B0 B1 ."
+    )
+    assert (
+        pipeline_schedules.render(pipeline_schedules.one_f_one_b(2, 3)).splitlines()[1]
+        == "stage 1: .  F0 B0 F1 B1 F2 B2 ."
+    )
 
 
 def test_check_names_the_op_that_runs_too_early_or_is_missing():
-    good = schedules.gpipe(2, 2)
+    good = pipeline_schedules.gpipe(2, 2)
     early = ((("F", 0), ("F", 0)), (("F", 1), None), *good[2:])  # stage 1's F0 in the step stage 0 runs it
     with pytest.raises(ValueError, match=r"F\(0\) on stage 1 at step 0 runs before \[\('F', 0, 0\)\]"):
-        schedules.check(early, 2, 2)
+        pipeline_schedules.check(early, 2, 2)
     with pytest.raises(ValueError, match="missing"):
-        schedules.check(schedules.gpipe(2, 2)[:-1], 2, 2)
+        pipeline_schedules.check(pipeline_schedules.gpipe(2, 2)[:-1], 2, 2)
     with pytest.raises(ValueError, match="n_micro must be a positive int"):
-        schedules.gpipe(2, 0)
+        pipeline_schedules.gpipe(2, 0)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -119,7 +127,7 @@ def test_a_table_for_another_stage_count_is_refused():
 
     mesh = jax.make_mesh((1,), (pipeline.PIPE,), devices=jax.devices()[:1])
     with pytest.raises(ValueError, match=r"a table of 2 stages for 1 stages \('pipe'\)"):
-        pipeline.sharded_loss_and_grads(mesh, lambda *a, **k: None, schedules.gpipe(2, 1), width=16)
+        pipeline.sharded_loss_and_grads(mesh, lambda *a, **k: None, pipeline_schedules.gpipe(2, 1), width=16)
 
 
 @pytest.mark.parametrize("case", STEP_CASES)
@@ -168,4 +176,4 @@ def test_the_pipelined_loss_refuses_axes_it_cannot_run_under(axes):
     batch = (jnp.zeros((2, 8), jnp.int32), jnp.zeros((2, 8), jnp.int32))
     axes = MeshAxes(**axes, pipe="pipe" if axes else None)
     with pytest.raises(ValueError, match="needs axes.pipe, and no fsdp, context or sequence parallelism"):
-        pipeline.loss({}, batch, lambda *a, **k: None, schedules.gpipe(2, 2), width=16, axes=axes)
+        pipeline.loss({}, batch, lambda *a, **k: None, pipeline_schedules.gpipe(2, 2), width=16, axes=axes)

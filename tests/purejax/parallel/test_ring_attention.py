@@ -20,8 +20,8 @@ from purejax.parallel.ring_attention import ring_attention
 from tests.children import child_results
 from tests.train.test_gpt import TINY, corpus, final_state, finish, run_gpt  # noqa: F401 - corpus: a fixture
 from tests.train.test_parallel import assert_same_state
-from train.config import ConfigError
-from train.gpt import TrainConfig
+from train.gpt import GPTSettings
+from train.kit.settings import ConfigError
 
 HERE = Path(__file__).resolve().parent
 CASES = [
@@ -104,10 +104,10 @@ def test_train_gpt_with_context_parallelism_equals_the_single_device_run(tmp_pat
 
 def test_train_config_refuses_what_the_ring_cannot_do():
     with pytest.raises(ConfigError, match="cannot drop attention probabilities"):
-        TrainConfig(cp=2, dropout=0.1)
+        GPTSettings(cp=2, dropout=0.1)
     with pytest.raises(ConfigError, match="block_size=12 must divide by 2 \\* cp = 8"):
-        TrainConfig(cp=4, block_size=12)
-    assert TrainConfig(cp=1, block_size=7).cp == 1  # no constraint without context parallelism
+        GPTSettings(cp=4, block_size=12)
+    assert GPTSettings(cp=1, block_size=7).cp == 1  # no constraint without context parallelism
 
 
 def test_make_mesh_with_a_context_axis():

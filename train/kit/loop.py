@@ -1,7 +1,8 @@
 """The loop every training program runs, so that a program says only what is particular to it.
 
-    loop = Loop(out_dir, stop, save, start=int(state.step), total=cfg.max_iters, log_interval=cfg.log_interval,
-                progress=cfg.progress, max_bad_steps=cfg.max_bad_steps, resumed=resumed)
+    loop = Loop(out_dir, stop, save, start=int(state.step), total=settings.max_iters, log_interval=50,
+                progress=settings.progress, max_bad_steps=settings.max_bad_steps, resumed=resumed)
+    loop = run.loop(settings, save, start=..., total=..., log_interval=..., resumed=...)  # the same, in a program
     state = loop.run(state, step, due=evaluate_when_due)
     loop.plot("GPT on stdlib")                           # loss.png, or a line saying why not
 
@@ -16,16 +17,16 @@ A program gives it three functions:
 Around them the loop keeps, alike for every program:
 
 - timing: the first step, compilation included, is reported on its own line; then every `log_interval`
-  steps a row goes to `metrics.jsonl` (`run.MetricsLog`: strict JSON, null for a non-finite number) with the
+  steps a row goes to `metrics.jsonl` (`metrics.MetricsLog`: strict JSON, null for a non-finite number) with the
   loss, learning rate, gradient norm, loss scale, the number of steps skipped since the last row, ms/iter,
   the step's own scalar metrics (e.g. accuracy) and the program's `rates(seconds_per_step)` (tokens/s, MFU).
   The time is that of the steps that ran: the loop waits for the state at each row (JAX dispatches steps
   ahead of the device), and a row whose window holds only the first step has no timing. A resumed run
   first drops the rows that the interrupted one logged after its checkpoint, so no iteration appears twice;
-- the display: a tqdm bar on a terminal, else the same row as a plain line (`run.live_bar`);
+- the display: a tqdm bar on a terminal, else the same row as a plain line (`metrics.live_bar`);
 - stop signals (`signals.StopSignal`): a request saves a checkpoint after the step in flight and exits
   with 0; `agree(requested, it)`, asked after every step, lets the processes of a multi-process run stop at
-  the same step (`Devices.stop_requested`);
+  the same step (`Devices.stop_agreement`);
 - divergence: `optim.train_step` skips a step whose gradients are not finite (params unchanged; a float16
   loss scale backs off). After `WARN_AFTER` such steps in a row, or steps with a non-finite loss, a warning;
   after `max_bad_steps` (0: never) the run stops with an error and exit status 1, without saving over the
@@ -44,8 +45,9 @@ from typing import Any
 import jax
 
 from purejax import checkpoint
-from train import run, signals
-from train.observe import Observer
+from train.kit import plots, signals
+from train.kit.metrics import MetricsLog, live_bar
+from train.kit.observe import Observer
 
 WARN_AFTER = 10  # consecutive bad steps before a warning
 STEP_METRICS = {"loss": "loss", "learning_rate": "lr", "grad_norm": "grad_norm", "loss_scale": "loss_scale"}
@@ -78,7 +80,7 @@ class Loop:
         self.start, self.total, self.log_interval, self.progress = start, total, log_interval, progress
         self.max_bad_steps, self.main, self.rates, self.agree = max_bad_steps, main, rates, agree
         self.observer = observer or Observer()  # one that was never started watches nothing
-        self.log = run.MetricsLog(self.out_dir / "metrics.jsonl") if main else None
+        self.log = MetricsLog(self.out_dir / "metrics.jsonl") if main else None
         self.saved_at = start if resumed else None  # the resumed checkpoint is this iteration's
         self.bar = None
         self._pending: list[dict[str, Any]] = []  # the metrics of the steps since the last log row
@@ -114,7 +116,7 @@ class Loop:
         self, state: PyTree, step: Callable, due: Callable[[PyTree, int], None] | None = None, save_at_end: bool = True
     ) -> PyTree:
         """Train from `start` to `total`; returns the final state (saved unless `save_at_end` is False)."""
-        self.bar = run.live_bar(self.total, self.start, self.progress) if self.main else None
+        self.bar = live_bar(self.total, self.start, self.progress) if self.main else None
         self.stop.training()
         it = self.start
         try:
@@ -220,8 +222,8 @@ class Loop:
         """loss.png from metrics.jsonl, or a line saying why it was skipped (main process only)."""
         if self.log is None:
             return None
-        png = run.plot_losses(self.log, self.out_dir / "loss.png", title=title)
-        self.say(f"loss curve: {png}" if png else f"loss.png skipped: {run.NO_MATPLOTLIB}")
+        png = plots.plot_losses(self.log, self.out_dir / "loss.png", title=title)
+        self.say(f"loss curve: {png}" if png else f"loss.png skipped: {plots.NO_MATPLOTLIB}")
         return png
 
 

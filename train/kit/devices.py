@@ -200,25 +200,18 @@ class StopAgreement:
         return preemption.reached_sync_point(it)
 
 
-def start_devices(cfg: Any) -> Devices:
+def start_devices(settings: Any) -> Devices:
     """Join the multi-process run if there is one and make the dp x cp x tp devices, from a program's settings
-    (`dp`, `tp`, `cp`, `fsdp`, `coordinator`, `num_processes`, `process_id`); before any other JAX call."""
-    num_processes = cfg.num_processes or distributed.launched_process_count()  # also srun's or mpirun's count
+    (`dp`, `tp`, `cp`, `pp`, `fsdp`, `sp`, `ep` if it has one, `coordinator`, `num_processes`, `process_id`);
+    before any other JAX call."""
+    num_processes = settings.num_processes or distributed.launched_process_count()  # also srun's or mpirun's count
+    layout = {name: getattr(settings, name) for name in ("dp", "tp", "cp", "pp", "fsdp", "sp")}
     try:
-        devices = Devices(
-            dp=cfg.dp,
-            tp=cfg.tp,
-            fsdp=cfg.fsdp,
-            num_processes=num_processes,
-            cp=cfg.cp,
-            pp=cfg.pp,
-            sp=cfg.sp,
-            ep=getattr(cfg, "ep", False),
-        )
+        devices = Devices(**layout, num_processes=num_processes, ep=getattr(settings, "ep", False))
         devices.start(
-            coordinator_address=cfg.coordinator or None,
-            num_processes=cfg.num_processes or None,
-            process_id=None if cfg.process_id < 0 else cfg.process_id,
+            coordinator_address=settings.coordinator or None,
+            num_processes=settings.num_processes or None,
+            process_id=None if settings.process_id < 0 else settings.process_id,
         )
         if jax.process_count() != num_processes:  # a Cloud TPU pod's runtime joins its workers by itself
             devices = dataclasses.replace(devices, num_processes=jax.process_count())

@@ -10,11 +10,11 @@ range-checked against the dataclass. Every program in `train` is configured this
         def __post_init__(self):
             check_ranges(self)        # so a bad value fails before anything compiles
 
-    cfg = parse_args(Settings, ["--config=my.toml", "--steps=200"])
+    settings = parse_args(Settings, ["--config=my.toml", "--steps=200"])
 
 Precedence: the dataclass defaults, then the preset, then the overrides. An unknown key (listing the valid ones),
 a value of the wrong type, out of range or refused by its `check`, a setting given where it has no effect
-(`applies=When(...)`) or contradicting another (`agrees=`, train/config_rules.py) is a one-line error
+(`applies=When(...)`) or contradicting another (`agrees=`, train/kit/rules.py) is a one-line error
 naming the key. `--help` and docs/train-gpt.md's table (a test compares) come from the dataclass; nanoGPT `exec`s
 Python files instead."""
 
@@ -29,12 +29,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from train import config_rules
+from train.kit import rules as rules_lib
 
-# check_ranges and check_schedule too: the programs call them as config_lib's
-from train.config_rules import ConfigError, Range, When, check_ranges, check_schedule, number  # noqa: F401
+# check_ranges and check_schedule too: the programs call them as settings_lib's
+from train.kit.rules import ConfigError, Range, When, check_ranges, check_schedule, number  # noqa: F401
 
-PRESETS = Path(__file__).resolve().parent / "config"
+PRESETS = Path(__file__).resolve().parent.parent / "presets"
 T = TypeVar("T")
 
 
@@ -56,11 +56,20 @@ def setting(
     return dataclasses.field(default=default, metadata=metadata)
 
 
+def inherited(cls: type, name: str, default: Any) -> Any:
+    """The setting `name` as the dataclass `cls` declares it (its help, range and rules), with another default:
+    a program's settings extend the common ones and give some of them the program's own default.
+
+        out_dir: str = inherited(TrainSettings, "out_dir", "out-flow")"""
+    declared = {f.name: f for f in dataclasses.fields(cls)}[name]
+    return dataclasses.field(default=default, metadata=declared.metadata)
+
+
 # ---------------------------------------------------------------- presets and values
 
 
 def preset_path(name: str) -> Path:
-    """A preset by name (`gpt_tiny` is train/config/gpt_tiny.toml) or by path to a .toml file."""
+    """A preset by name (`gpt_tiny` is train/presets/gpt_tiny.toml) or by path to a .toml file."""
     path = Path(name)
     if path.suffix == ".toml" and path.exists():
         return path
@@ -152,7 +161,7 @@ def type_name(annotation: Any) -> str:
 
 def build(cls: type[T], values: dict[str, Any], given: set[str] | None = None, *, rules: bool = True) -> T:
     """`cls(**values)` with every key checked: unknown keys listed with the valid ones, types checked; then,
-    with `rules`, the rules between settings (`config_rules.broken`: a setting in `given`, or when that is
+    with `rules`, the rules between settings (`rules_lib.broken`: a setting in `given`, or when that is
     None one that differs from its default, where it has no effect; one contradicting another)."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
@@ -161,7 +170,7 @@ def build(cls: type[T], values: dict[str, Any], given: set[str] | None = None, *
         raise ConfigError(f"unknown config key(s) {unknown}; valid keys: {sorted(fields)}")
     checked = {k: _check_value(k, v, hints[k]) for k, v in values.items()}
     settings = cls(**checked)
-    if rules and (message := config_rules.broken(settings, given)):
+    if rules and (message := rules_lib.broken(settings, given)):
         raise ConfigError(message)
     return settings
 
@@ -219,11 +228,13 @@ def explicit_keys(argv: list[str]) -> set[str]:
 
 
 def describe(cls: type, preset: str | None = None) -> list[tuple[str, str, str, str, str]]:
-    """(name, type, range, default, help) of each field, `preset` applied: `cls`'s own fields, then inherited."""
+    """(name, type, range, default, help) of each field, `preset` applied, in the order they are declared
+    (a base's first), except those of the root dataclass `cls` extends (how a run is watched), which go last."""
     values = load_preset(preset) if preset else {}
     hints = typing.get_type_hints(cls)
-    inherited = {f.name for base in cls.__bases__ if dataclasses.is_dataclass(base) for f in dataclasses.fields(base)}
-    fields = sorted(dataclasses.fields(cls), key=lambda f: f.name in inherited)  # stable: each group keeps its order
+    root = [c for c in cls.__mro__ if dataclasses.is_dataclass(c)][-1]
+    last = {f.name for f in dataclasses.fields(root)} if root is not cls else set()
+    fields = sorted(dataclasses.fields(cls), key=lambda f: f.name in last)  # stable: each group keeps its order
     return [
         (
             f.name,
@@ -278,6 +289,6 @@ def markdown_table(cls: type, preset: str | None = None) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m train.config train.gpt TrainConfig gpt_cpu: the docs' table
+if __name__ == "__main__":  # python -m train.kit.settings train.gpt GPTSettings gpt_cpu: the docs' table
     module, name, *preset = sys.argv[1:]
     print(markdown_table(getattr(importlib.import_module(module), name), *preset))

@@ -1,4 +1,4 @@
-"""The rules a program's settings follow (`train.config` declares them and checks them with these):
+"""The rules a program's settings follow (`train.kit.settings` declares them and checks them with these):
 
 - each value on its own, in the dataclass's `__post_init__` (`check_ranges`): its type's range (`Range`), its
   `check`, and finite floats;

@@ -37,7 +37,7 @@ def _simulate(n_stages: int, n_micro: int, pick: Callable[[int, bool, bool, int,
     ("F", "B" or None) on its next micro-batch of that kind."""
     for name, value in (("n_stages", n_stages), ("n_micro", n_micro)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"schedules: {name} must be a positive int, got {value!r}")
+            raise ValueError(f"pipeline_schedules: {name} must be a positive int, got {value!r}")
     done: dict[tuple[str, int, int], int] = {}  # (kind, stage, micro-batch) -> the step it ran
     n_f, n_b = [0] * n_stages, [0] * n_stages
     rows = []

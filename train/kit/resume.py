@@ -3,7 +3,7 @@ the state restored into a template that `jax.eval_shape` describes (no random in
 and a fingerprint of the data it was trained on, checked against the data found now.
 
     saved = resume.saved_config(manager, program="train.flow")
-    cfg = resume.settings(cfg, config_lib.explicit_keys(argv), saved["train"], fixed=MODEL_KEYS)
+    settings = resume.settings(settings, settings_lib.explicit_keys(argv), saved["train"], fixed=MODEL_KEYS)
     resume.check_data(saved, resume.array_fingerprint(images=data.train_images), "the digits")
     state, info = resume.restore(manager, lambda: optim.init_train_state(dit.init(key, model), ...))
 
@@ -21,8 +21,8 @@ import numpy as np
 
 from purejax import checkpoint
 from purejax import tree as tree_lib
-from train import config as config_lib
-from train.observe import RunSettings
+from train.kit import settings as settings_lib
+from train.kit.observe import RunSettings
 
 PyTree = Any
 
@@ -47,27 +47,27 @@ def saved_config(manager: checkpoint.CheckpointManager, program: str, parts: Ite
     return config
 
 
-def settings(cfg: Any, given: Iterable[str], saved: dict[str, Any], fixed: Iterable[str]) -> Any:
-    """The resumed run's settings: `saved` (the checkpoint's), then those of `cfg` named in `given` (the
+def settings(current: Any, given: Iterable[str], saved: dict[str, Any], fixed: Iterable[str]) -> Any:
+    """The resumed run's settings: `saved` (the checkpoint's), then those of `current` named in `given` (the
     overrides given now, e.g. a longer --max_iters). An override of a key in `fixed` (the model, the data,
     what a step means) that differs from the checkpoint is refused, naming every such key: a checkpoint cannot
     continue as another architecture or on other data. Saved keys this version no longer has are dropped;
     keys it has that the checkpoint lacks take their defaults. How the run is watched (`observe.RunSettings`:
     the compile cache, a profile, the loggers) is this launch's, never the checkpoint's."""
-    names = {f.name for f in dataclasses.fields(cfg)}
+    names = {f.name for f in dataclasses.fields(current)}
     given = {*given, *(f.name for f in dataclasses.fields(RunSettings))} & names
     conflicts = [
-        f"{k}: checkpoint has {saved[k]!r}, override says {getattr(cfg, k)!r}"
+        f"{k}: checkpoint has {saved[k]!r}, override says {getattr(current, k)!r}"
         for k in fixed
-        if k in given and k in saved and saved[k] != getattr(cfg, k)
+        if k in given and k in saved and saved[k] != getattr(current, k)
     ]
     if conflicts:
         listed = "\n  ".join(conflicts)
         raise SystemExit(f"error: the overrides conflict with the checkpoint being resumed:\n  {listed}")
-    values = {**saved, **{k: getattr(cfg, k) for k in given}, "init_from": "resume", "out_dir": cfg.out_dir}
+    values = {**saved, **{k: getattr(current, k) for k in given}, "init_from": "resume", "out_dir": current.out_dir}
     try:
-        return config_lib.build(type(cfg), {k: v for k, v in values.items() if k in names})
-    except config_lib.ConfigError as e:
+        return settings_lib.build(type(current), {k: v for k, v in values.items() if k in names})
+    except settings_lib.ConfigError as e:
         raise SystemExit(f"error: {e}") from None
 
 

@@ -1,13 +1,13 @@
 """Looking inside a run: the settings every training program shares for it, and the `Observer` that carries
-them out around the shared loop (`train.loop`).
+them out around the shared loop (`train.kit.loop`).
 
     @dataclass(frozen=True)
-    class TrainConfig(observe.RunSettings):       # --compile_cache, --profile, --tensorboard, --wandb_log ...
+    class TrainSettings(observe.RunSettings):     # --compile_cache, --profile, --tensorboard, --wandb_log ...
         ...
 
-    with run.StopSignal() as stop, observe.Observer() as observer:
-        cfg = parse(argv)
-        observer.start(cfg, out_dir, config=dataclasses.asdict(cfg))   # before anything compiles
+    with signals.StopSignal() as stop, observe.Observer() as observer:     # as `start.run` does
+        settings = settings_lib.command_line(...)
+        observer.start(settings, out_dir, config=dataclasses.asdict(settings))   # before anything compiles
         Loop(..., observer=observer).run(...)     # the profiler around its steps, its rows to the loggers
 
 - the compilation cache (`compile_cache`): on from `start`; when the program ends, a line and a last row of
@@ -28,8 +28,9 @@ from typing import Any
 
 import jax
 
-from train import compile_cache, loggers, run
-from train.config import setting
+from train.kit import compile_cache, loggers
+from train.kit.metrics import MetricsLog
+from train.kit.settings import setting
 
 PyTree = Any
 
@@ -159,7 +160,7 @@ class Observer:
             if self.main and not failed:
                 print(counts.summary(self.cache), flush=True)
                 row = {"iter": self.last_iter, **dataclasses.asdict(counts), "compile_cache": str(self.cache or "off")}
-                run.MetricsLog(self.out_dir / "metrics.jsonl").write(**row)
+                MetricsLog(self.out_dir / "metrics.jsonl").write(**row)
                 self.log(row)
         for logger in self.loggers:
             logger.close()

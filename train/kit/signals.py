@@ -15,7 +15,7 @@ the run should end with one line and, once it has trained, with a checkpoint. Th
 A program installs the start-up handlers before its heavy imports, so that even a signal that arrives while
 JAX loads gets its one line:
 
-    from train import signals
+    from train.kit import signals
 
     if __name__ == "__main__":
         signals.exit_at_once_while_starting()  # before `import jax` below
