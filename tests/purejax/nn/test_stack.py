@@ -179,7 +179,7 @@ def test_per_layer_dropout_keys(stacked):
 def test_kv_caches_stacked_along_the_layer_axis():
     """A 3-layer attention stack decoded token by token: the caches ride along the layer axis (the scan body
     gets a layer's cache and returns its new one), decoding compiles once, and equals the full forward."""
-    config = AttentionConfig(D, 2, n_kv_head=1)
+    config = AttentionConfig(D, 2, n_kv_head=1, causal=True)
     n_layer, batch, seq = 3, 2, 4
     stacked = stack.stack([attention.init(jax.random.key(i), config) for i in range(n_layer)])
     x = jax.random.normal(jax.random.key(1), (batch, seq, D))
@@ -225,3 +225,35 @@ def test_errors_name_what_is_wrong():
         stack.stack([{"w": jnp.ones(2)}, {"w": jnp.ones(3)}])
     with pytest.raises(tree.TreeMismatchError, match=r"missing: \s*b"):
         stack.stack([{"w": jnp.ones(2), "b": jnp.ones(2)}, {"w": jnp.ones(2)}])
+
+
+def test_run_gives_layer_i_the_key_folded_with_i_in_every_mode(stacked):
+    """`stack.run`: one block signature with or without a key; layer i draws with fold_in(key, i) (what
+    `scan` with `xs=layer_keys(key, n)` gives), the same in scan and loop and under remat; no key, no dropout."""
+
+    def layer(params, x, key):
+        return x + mlp.apply(params["mlp"], layer_norm.apply(params["ln"], x), dropout=0.5, key=key)
+
+    key = jax.random.key(3)
+    by_hand, _ = stack.scan(lambda p, x, k: (layer(p, x, k), None), stacked, X, xs=stack.layer_keys(key, 3))
+    run = jax.jit(
+        lambda p, x, k, mode, remat: stack.run(layer, p, x, mode=mode, remat=remat, key=k), static_argnums=(3, 4)
+    )
+    for mode, remat in (("scan", "none"), ("loop", "none"), ("scan", "block"), ("auto", "none")):
+        np.testing.assert_allclose(run(stacked, X, key, mode, remat), by_hand, rtol=1e-5, atol=1e-6)
+    no_key = jax.jit(lambda p, x: stack.run(layer, p, x, mode="scan"))(stacked, X)
+    np.testing.assert_allclose(no_key, stack.scan(block_apply, stacked, X), rtol=1e-6, atol=1e-6)
+    assert not np.allclose(no_key, by_hand)  # the key really dropped units
+
+
+def test_run_wraps_each_layer_inside_the_remat(stacked):
+    """`wrap` (FSDP's gather, in gpt_parallel) wraps the layer function once, and counts as remat for "auto"."""
+    wrapped = []
+
+    def wrap(layer):
+        wrapped.append(layer)
+        return lambda p, x, k: layer(p, x, k) * 1.0
+
+    y = stack.run(lambda p, x, k: block_apply(p, x), stacked, X, mode="auto", wrap=wrap)
+    np.testing.assert_allclose(y, stack.scan(block_apply, stacked, X), rtol=1e-6, atol=1e-6)
+    assert len(wrapped) == 1
