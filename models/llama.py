@@ -20,7 +20,8 @@ attn.qkv's columns are in `purejax.nn.attention`'s grouped order ([q.. k v] per 
 Face's separate q_proj / k_proj / v_proj: `attention.qkv_permutation` converts (llama_hf.py does).
 
 Beside this page: `llama_decode` (a key/value cache sized by the kv heads), `llama_parallel` (on a device mesh),
-`llama_hf` (Hugging Face weights). The one mesh concept here is `axis_name`, as in gpt.py.
+`llama_hf` (Hugging Face weights), `llama_flops` (parameters, FLOPs). The one mesh concept here is `axis_name`,
+as in gpt.py.
 """
 
 from dataclasses import dataclass
@@ -255,12 +256,6 @@ def loss(
     logits = apply(params, batch[0], config, axis_name=axis_name)
     per_token = losses.cross_entropy(logits, batch[1], ignore_index=-1, axis_name=axis_name)
     return losses.masked_mean(per_token, jnp.asarray(batch[1]) != -1)
-
-
-def num_params(params: Params, non_embedding: bool = True) -> int:
-    """Number of parameters; with `non_embedding`, without the input embedding unless it is also the head."""
-    untied_embed = non_embedding and "head" in params
-    return tree_lib.count(params) - (tree_lib.count(params["embed"]) if untied_embed else 0)
 
 
 def check_inputs(params: Params, idx: Array, config: LlamaConfig, *, axis_name: str | None = None) -> None:

@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from models import llama
+from models import llama, llama_flops
 from models.llama import LlamaConfig
 from purejax import tree
 from purejax.nn import rotary
@@ -64,10 +64,19 @@ def test_params_layout():
     }
     tied = llama.init(jax.random.key(0), dataclasses.replace(CONFIG, tie_embeddings=True))
     assert "head" not in tied
-    assert llama.num_params(tied) == tree.count(tied)  # the tied table is the head: counted
+    assert llama_flops.num_params(tied) == tree.count(tied)  # the tied table is the head: counted
     params = llama.init(jax.random.key(0), CONFIG)
-    assert llama.num_params(params) == tree.count(params) - 13 * 16
-    assert llama.num_params(params, non_embedding=False) == tree.count(params)
+    assert llama_flops.num_params(params) == tree.count(params) - 13 * 16
+    assert llama_flops.num_params(params, non_embedding=False) == tree.count(params)
+
+
+def test_flops_per_token_counts_every_matmul_six_times_plus_attention():
+    """6 FLOPs per parameter per token (2 forward, 4 backward) for each matmul weight, counted by hand from
+    the shapes above: four attention/MLP projections and the head; plus attention's 12 * L * H * hd * T."""
+    per_layer = 16 * (4 + 2 * 2) * 4 + 16 * 16 + 3 * 16 * 24 + 2 * 16  # qkv, proj, gate/up/down, two norms
+    matmul_params = 2 * per_layer + 16 * 13 + 16  # the head and the final norm (the lookup costs nothing)
+    attention = 12 * CONFIG.n_layer * CONFIG.n_head * CONFIG.head_dim * CONFIG.max_seq_len
+    assert llama_flops.flops_per_token(CONFIG) == 6 * matmul_params + attention
 
 
 def test_scan_and_loop_agree():
