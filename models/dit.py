@@ -2,7 +2,7 @@
 (Sehwag et al. 2024, arXiv:2407.15811), as pure functions over a dict of arrays.
 
     x (batch, height, width, channels), t (batch,), y (batch,) class ids, n_classes = the null class
-      -> patchify: (batch, seq, patch*patch*channels) -> linear -> + fixed 2-D sin-cos positions
+      -> patch_embedding: patchify (batch, seq, patch*patch*channels), linear -> + fixed 2-D sin-cos positions
                                                                           tokens (batch, seq, d_model)
       c = mlp(sinusoidal(time_scale * t)) + class_table[y]                c (batch, d_model)
       -> [MicroDiT] n_mixer blocks over all tokens, then keep a random (1 - mask_ratio) of the tokens
@@ -16,7 +16,7 @@ their own (adaLN's shift and scale take their place), and the regression is init
 and every block starts as the identity; the final layer's modulation and projection are zero too, so the
 untrained model outputs zeros (DiT sec. 3.2, "adaLN-Zero").
 
-params = {"patch": linear (patch*patch*in_channels, d_model), "t_mlp": mlp (freq_dim -> d_model -> d_model),
+params = {"patch": patch_embedding (patch*patch*in_channels, d_model), "t_mlp": mlp (freq_dim -> d_model -> d_model),
           "classes": embedding (n_classes + 1, d_model), ["mixer": blocks,] "blocks": {"adaln", "attn", "mlp"
           (or "moe"), every leaf stacked on a leading layer axis}, "final": {"adaln", "proj"}}.
 Blocks run under `lax.scan` (`purejax.nn.stack`) or, with `layers="loop"`, as a Python loop.
@@ -39,9 +39,25 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, Integer, PRNGKeyArray,
 
 from models import dit_moe
 from models.dit_config import NORM_EPS, DiTConfig, preset  # noqa: F401 - re-exported: dit.preset
-from models.dit_embeddings import patchify, sincos_2d, timestep_embedding, unpatchify
+from models.dit_embeddings import (
+    patchify,  # noqa: F401 - re-exported: dit.patchify (bench/dit.py)
+    sincos_2d,
+    timestep_embedding,
+    unpatchify,
+)
 from purejax import random as prandom
-from purejax.nn import activations, attention, check_keys, embedding, initializers, layer_norm, linear, mlp, stack
+from purejax.nn import (
+    activations,
+    attention,
+    check_keys,
+    embedding,
+    initializers,
+    layer_norm,
+    linear,
+    mlp,
+    patch_embedding,
+    stack,
+)
 from purejax.nn import remat as remat_lib
 
 Params = dict[str, Any]
@@ -115,7 +131,7 @@ def init(key: PRNGKeyArray, config: DiTConfig) -> Params:
     d, p, zeros, small = config.d_model, config.patch_size, initializers.zeros(), initializers.normal(0.02)
     backbone_block = lambda k: block_init(k, config, moe=config.n_experts > 0)  # noqa: E731
     params = {
-        "patch": linear.init(keys["patch"], p * p * config.in_channels, d, w_init=initializers.xavier_uniform()),
+        "patch": patch_embedding.init(keys["patch"], config.in_channels, d, p, w_init=initializers.xavier_uniform()),
         "t_mlp": mlp.init(keys["t_mlp"], config.freq_dim, d, d, w_init=small),
         "classes": embedding.init(keys["classes"], config.n_classes + 1, d, w_init=small),
         "blocks": stack.init(keys["blocks"], config.n_layer, backbone_block),
@@ -145,7 +161,7 @@ def embed(
     params: Params, x: Float[Array, "batch height width channels"], config: DiTConfig
 ) -> Float[Array, "batch seq d_model"]:
     """Patches, projected, plus the fixed positions."""
-    tokens = linear.apply(params["patch"], patchify(x, config.patch_size))
+    tokens = patch_embedding.apply(params["patch"], x, patch_size=config.patch_size)
     return tokens + sincos_2d(config.d_model, config.grid).astype(tokens.dtype)
 
 

@@ -6,6 +6,7 @@ timestep MLP). The three conventions here are the ones DiT's checkpoints (and di
 them) were trained with, so those weights see the inputs they expect:
 
     patchify:    patch p x p, flattened in (row, column, channel) order, patches row-major over the grid
+                 (purejax.nn.patch_embedding's, the stem DiT shares with ViT)
     positions:   first half of the features encode the column, second half the row (MAE's and DiT's table)
     time:        [cos | sin] of t * f_i, f_i = max_period^(-i / (half - freq_shift))
 """
@@ -15,13 +16,7 @@ import math
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real, Shaped
 
-
-def patchify(x: Shaped[Array, "batch height width channels"], patch: int) -> Shaped[Array, "batch seq patch_dim"]:
-    """Non-overlapping patch x patch squares, row-major over the grid, each flattened in (row, column,
-    channel) order: the same as a stride-`patch` convolution whose HWIO kernel is reshaped to (patch_dim, d)."""
-    b, h, w, c = x.shape
-    x = x.reshape(b, h // patch, patch, w // patch, patch, c).transpose(0, 1, 3, 2, 4, 5)
-    return x.reshape(b, (h // patch) * (w // patch), patch * patch * c)
+from purejax.nn.patch_embedding import patchify  # noqa: F401 - re-exported: DiT's patchify is the shared stem's
 
 
 def unpatchify(

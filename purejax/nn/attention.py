@@ -27,7 +27,7 @@ not cuDNN on a GPU). All take the softmax in float32. `purejax.nn.attention_cach
 `purejax.nn.attention_masks` says which query may attend to which key (`combine_masks`, used here).
 """
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Literal
 
 import jax
@@ -55,7 +55,8 @@ class AttentionConfig:
         n_kv_head: number of key/value heads; None means n_head (multi-head attention). Fewer is
             grouped-query attention and must divide n_head; 1 is multi-query attention.
         bias: whether the qkv and output projections have biases (nanoGPT's `bias`).
-        causal: whether a token may attend only to itself and earlier tokens (a decoder).
+        causal: whether a token may attend only to itself and earlier tokens: True for a decoder, False
+            for an encoder. Required, with no default, so that neither is chosen by forgetting it.
         dropout: rate for the attention probabilities and for the output projection, applied only when
             `apply` gets a key (nanoGPT's attn_dropout and resid_dropout, one rate for both).
         impl: "auto", "fused" (XLA's `jax.nn.dot_product_attention`) or "einsum"; see the module docstring.
@@ -65,7 +66,8 @@ class AttentionConfig:
     n_head: int
     n_kv_head: int | None = None
     bias: bool = True
-    causal: bool = True
+    _: KW_ONLY  # the fields below are keyword-only, so `causal`, which has no default, can follow defaults
+    causal: bool
     dropout: float = 0.0
     impl: Impl = "auto"
 

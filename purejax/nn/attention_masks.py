@@ -44,7 +44,8 @@ def combine_masks(
 
 
 def check_mask(mask: Array, n_head: int, batch: int, seq: int, kv_len: int) -> Bool[Array, "#batch #n_head seq kv_len"]:
-    """The mask as 4-D, after checking it is boolean and broadcastable to (batch, n_head|1, seq, kv_len)."""
+    """The mask as 4-D (batch|1, n_head|1, seq, kv_len), after checking it is boolean and broadcastable to
+    (batch, n_head|1, seq, kv_len)."""
     want = (batch, n_head, seq, kv_len)
     if mask.dtype != jnp.bool_:
         raise TypeError(f"attention: mask must be boolean (True = may attend), got {mask.dtype}")
@@ -55,4 +56,5 @@ def check_mask(mask: Array, n_head: int, batch: int, seq: int, kv_len: int) -> B
             f"(batch={batch}, n_head={n_head} or 1, seq={seq}, kv_len={kv_len}); "
             f"kv_len is the cache's max_len when decoding with a cache"
         )
-    return mask.reshape(shape)
+    # the query axis as long as the queries: a key-padding mask (batch, 1, 1, kv_len) holds for every query
+    return jnp.broadcast_to(mask.reshape(shape), (*shape[:2], seq, kv_len))

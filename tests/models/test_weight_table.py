@@ -15,7 +15,7 @@ from purejax.nn import attention
 
 HEAD_DIM, N_HEAD, N_KV_HEAD, N_LAYER = 2, 4, 2, 3
 CONFIG = SimpleNamespace(
-    attention=attention.AttentionConfig(d_model=N_HEAD * HEAD_DIM, n_head=N_HEAD, n_kv_head=N_KV_HEAD),
+    attention=attention.AttentionConfig(d_model=N_HEAD * HEAD_DIM, n_head=N_HEAD, n_kv_head=N_KV_HEAD, causal=True),
     n_layer=N_LAYER,
     patch_size=2,
     in_channels=3,

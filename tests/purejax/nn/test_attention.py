@@ -58,10 +58,10 @@ def np_attention(params, x, config, mask=None):
 
 
 CONFIGS = [
-    AttentionConfig(D, 4),
+    AttentionConfig(D, 4, causal=True),
     AttentionConfig(D, 4, causal=False),
-    AttentionConfig(D, 4, n_kv_head=2),
-    AttentionConfig(D, 2, n_kv_head=1, bias=False),  # multi-query
+    AttentionConfig(D, 4, n_kv_head=2, causal=True),
+    AttentionConfig(D, 2, n_kv_head=1, bias=False, causal=True),  # multi-query
 ]
 
 
@@ -75,9 +75,11 @@ def test_matches_numpy(config, impl):
     np.testing.assert_allclose(y, np_attention(params, x, config), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "encoder"])
 @pytest.mark.parametrize("impl", ["fused", "einsum"])
-def test_padding_and_per_head_masks_match_numpy(impl):
-    config = AttentionConfig(D, 4, n_kv_head=2, impl=impl)
+def test_padding_and_per_head_masks_match_numpy(impl, causal):
+    """A key-padding mask (batch, 1, 1, kv_len) alone (an encoder's) or with the causal one."""
+    config = AttentionConfig(D, 4, n_kv_head=2, impl=impl, causal=causal)
     params, x = make(config)
     lengths = np.array([T, 3])
     padding = (np.arange(T)[None, :] < lengths[:, None])[:, None, None, :]  # (batch, 1, 1, kv_len)
@@ -102,7 +104,10 @@ def test_query_that_sees_nothing_is_finite_and_paths_agree():
 
 
 def test_paths_agree_in_value_and_gradient():
-    fused, einsum = AttentionConfig(D, 4, n_kv_head=2, impl="fused"), AttentionConfig(D, 4, n_kv_head=2, impl="einsum")
+    fused, einsum = (
+        AttentionConfig(D, 4, n_kv_head=2, impl="fused", causal=True),
+        AttentionConfig(D, 4, n_kv_head=2, impl="einsum", causal=True),
+    )
     params, x = make(fused)
 
     def loss(params, x, config):
@@ -115,7 +120,7 @@ def test_paths_agree_in_value_and_gradient():
 
 
 def test_causality_a_future_token_never_changes_earlier_outputs():
-    config = AttentionConfig(D, 4, n_kv_head=2)
+    config = AttentionConfig(D, 4, n_kv_head=2, causal=True)
     params, x = make(config)
     y = apply(params, x, config)
     for t in range(T):
@@ -125,7 +130,9 @@ def test_causality_a_future_token_never_changes_earlier_outputs():
         assert not np.allclose(y2[:, t:], y[:, t:])
 
 
-@pytest.mark.parametrize("config", [AttentionConfig(D, 4), AttentionConfig(D, 4, n_kv_head=1)], ids=str)
+@pytest.mark.parametrize(
+    "config", [AttentionConfig(D, 4, causal=True), AttentionConfig(D, 4, n_kv_head=1, causal=True)], ids=str
+)
 def test_cached_decoding_equals_full_forward(config):
     params, x = make(config)
     full = apply(params, x, config)
@@ -149,7 +156,7 @@ def test_cached_decoding_equals_full_forward(config):
 
 
 def test_cached_decoding_with_a_padding_mask_over_cache_positions():
-    config = AttentionConfig(D, 4)
+    config = AttentionConfig(D, 4, causal=True)
     params, x = make(config)
     padding = jnp.asarray(np.arange(T)[None, :] != 1)[:, None, None, :]  # key position 1 hidden, (1, 1, 1, T)
     full = apply(params, x, config, mask=padding)
@@ -171,7 +178,7 @@ def test_non_causal_decoding_reads_every_written_position():
 
 
 def test_decoding_under_scan_traces_once():
-    config = AttentionConfig(D, 4, n_kv_head=2)
+    config = AttentionConfig(D, 4, n_kv_head=2, causal=True)
     params, x = make(config)
 
     @chex.assert_max_traces(n=1)
@@ -191,7 +198,7 @@ def test_decoding_under_scan_traces_once():
 
 
 def test_writing_past_the_cache_gives_nan_not_a_silent_answer():
-    config = AttentionConfig(D, 4)
+    config = AttentionConfig(D, 4, causal=True)
     params, x = make(config)
     _, cache = decode(params, x[:, :4], init_cache(config, B, T), config)
     y, _ = decode(params, x[:, :4], cache, config)  # positions 4..7 of a 6-long cache
@@ -202,14 +209,14 @@ def test_dropout_deterministic_given_a_key_unbiased_and_identity_without():
     """Same key, same output; no key, the evaluation output; and since inverted dropout (on the probabilities
     and on the output) keeps the expectation, the mean over many keys approaches the evaluation output
     (within 5 standard errors). One vmapped compile serves all three: threefry is slow to compile on CPU."""
-    config = AttentionConfig(8, 2, dropout=0.2)
+    config = AttentionConfig(8, 2, dropout=0.2, causal=True)
     params = attention.init(jax.random.key(0), config)
     x = jax.random.normal(jax.random.key(1), (1, 4, 8))
     keys = jax.random.split(jax.random.key(2), 4000)
     keys = jnp.concatenate([keys, keys[:1]])  # the last key repeats the first
     samples = jax.jit(jax.vmap(lambda k: attention.apply(params, x, config, key=k)))(keys)
     evaluation = apply(params, x, config)
-    np.testing.assert_array_equal(evaluation, apply(params, x, AttentionConfig(8, 2)))
+    np.testing.assert_array_equal(evaluation, apply(params, x, AttentionConfig(8, 2, causal=True)))
     np.testing.assert_array_equal(samples[0], samples[-1])
     assert not np.allclose(samples[0], samples[1]) and not np.allclose(samples[0], evaluation)
     samples = samples[:-1]
@@ -219,7 +226,7 @@ def test_dropout_deterministic_given_a_key_unbiased_and_identity_without():
 
 @pytest.mark.parametrize("impl", ["fused", "einsum"])
 def test_bfloat16_inputs_use_a_float32_softmax(impl):
-    config = AttentionConfig(D, 4, n_kv_head=2, impl=impl)
+    config = AttentionConfig(D, 4, n_kv_head=2, impl=impl, causal=True)
     params, x = make(config)
     params16, x16 = jax.tree.map(lambda a: a.astype(jnp.bfloat16), (params, x))
     y16 = apply(params16, x16, config)
@@ -232,7 +239,7 @@ def test_bfloat16_inputs_use_a_float32_softmax(impl):
 
 
 def test_bfloat16_computation_reads_a_float32_cache():
-    config = AttentionConfig(D, 4)
+    config = AttentionConfig(D, 4, causal=True)
     params, x = make(config)
     params16, x16 = jax.tree.map(lambda a: a.astype(jnp.bfloat16), (params, x))
     y, cache = decode(params16, x16, init_cache(config, B, T, jnp.float32), config)
@@ -248,28 +255,28 @@ def _eqns(jaxpr):
 
 
 def test_params_layout_and_init_options():
-    config = AttentionConfig(D, 4, n_kv_head=2)
+    config = AttentionConfig(D, 4, n_kv_head=2, causal=True)
     params = attention.init(jax.random.key(0), config, proj_init=initializers.zeros())
     chex.assert_shape(params["qkv"]["w"], (D, (4 + 2 * 2) * 4))
     np.testing.assert_array_equal(params["proj"]["w"], 0.0)
-    assert "b" not in attention.init(jax.random.key(0), AttentionConfig(D, 4, bias=False))["qkv"]
+    assert "b" not in attention.init(jax.random.key(0), AttentionConfig(D, 4, bias=False, causal=True))["qkv"]
 
 
 def test_config_is_hashable_and_defaults_kv_heads():
-    assert AttentionConfig(D, 4) == AttentionConfig(D, 4, n_kv_head=4)
-    assert hash(AttentionConfig(D, 4)) == hash(AttentionConfig(D, 4, n_kv_head=4))
-    assert AttentionConfig(D, 4).head_dim == 4
+    assert AttentionConfig(D, 4, causal=True) == AttentionConfig(D, 4, n_kv_head=4, causal=True)
+    assert hash(AttentionConfig(D, 4, causal=True)) == hash(AttentionConfig(D, 4, n_kv_head=4, causal=True))
+    assert AttentionConfig(D, 4, causal=True).head_dim == 4
 
 
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(d_model=10, n_head=4), "not divisible by n_head=4"),
-        (dict(d_model=16, n_head=4, n_kv_head=3), "n_kv_head=3 must divide n_head=4"),
-        (dict(d_model=16, n_head=0), "n_head must be a positive int"),
-        (dict(d_model=16, n_head=4, dropout=1.0), "dropout must be in"),
-        (dict(d_model=16, n_head=4, impl="flash"), "impl"),  # a TypeError from beartype in tests
-        (dict(d_model=16, n_head=4, impl="fused", dropout=0.1), "cannot drop attention probabilities"),
+        (dict(causal=True, d_model=10, n_head=4), "not divisible by n_head=4"),
+        (dict(causal=True, d_model=16, n_head=4, n_kv_head=3), "n_kv_head=3 must divide n_head=4"),
+        (dict(causal=True, d_model=16, n_head=0), "n_head must be a positive int"),
+        (dict(causal=True, d_model=16, n_head=4, dropout=1.0), "dropout must be in"),
+        (dict(causal=True, d_model=16, n_head=4, impl="flash"), "impl"),  # a TypeError from beartype in tests
+        (dict(causal=True, d_model=16, n_head=4, impl="fused", dropout=0.1), "cannot drop attention probabilities"),
     ],
 )
 def test_impossible_config(kwargs, message):
@@ -277,14 +284,21 @@ def test_impossible_config(kwargs, message):
         AttentionConfig(**kwargs)
 
 
+def test_causal_is_a_required_choice():
+    """An encoder that forgets `causal` gets an error naming it, not a causal mask it did not ask for."""
+    with pytest.raises(TypeError, match="causal"):
+        AttentionConfig(d_model=D, n_head=4)
+    assert not AttentionConfig(D, 4, causal=False).causal
+
+
 def test_wrong_inputs_give_clear_errors():
-    config = AttentionConfig(D, 4)
+    config = AttentionConfig(D, 4, causal=True)
     params, x = make(config)
     with pytest.raises(ValueError, match=r"x has shape \(2, 6, 8\), expected \(batch, seq, d_model=16\)"):
         attention.apply(params, x[..., :8], config)
     wrong_heads = r"params\['qkv'\]\['w'\] has shape \(16, 48\), but config .* needs \(16, 32\)"
     with pytest.raises(ValueError, match=wrong_heads):
-        attention.apply(params, x, AttentionConfig(D, 4, n_kv_head=2))
+        attention.apply(params, x, AttentionConfig(D, 4, n_kv_head=2, causal=True))
     with pytest.raises(KeyError, match=r"attention: params have missing keys \['proj'\]"):
         attention.apply({"qkv": params["qkv"]}, x, config)
     with pytest.raises(ValueError, match=r"mask has shape \(2, 1, 6, 5\), which does not broadcast"):
@@ -294,11 +308,11 @@ def test_wrong_inputs_give_clear_errors():
 
 
 def test_wrong_caches_give_clear_errors():
-    config = AttentionConfig(D, 4)
+    config = AttentionConfig(D, 4, causal=True)
     params, x = make(config)
     wrong_heads = r"cache\['k'\] has shape \(4, 8, 4\), expected \(batch \* n_kv_head=2 \* 4, max_len, head_dim=4"
     with pytest.raises(ValueError, match=wrong_heads):
-        attention_cache.decode(params, x, init_cache(AttentionConfig(D, 4, n_kv_head=2), B, 8), config)
+        attention_cache.decode(params, x, init_cache(AttentionConfig(D, 4, n_kv_head=2, causal=True), B, 8), config)
     with pytest.raises(ValueError, match=r"cache\['k'\] has shape \(12, 8, 4\), expected \(batch \* n_kv_head=2"):
         attention_cache.decode(params, x, init_cache(config, 3, 8), config)
     with pytest.raises(ValueError, match="seq=6 tokens, more than the cache's max_len=4"):
@@ -312,7 +326,7 @@ def test_wrong_caches_give_clear_errors():
 
 def test_auto_runs_float16_under_jit():
     """XLA:CPU cannot compile the fused attention in float16; "auto" must fall back to the einsum path."""
-    config = AttentionConfig(D, 4, impl="auto")
+    config = AttentionConfig(D, 4, impl="auto", causal=True)
     params, x = make(config)
     params16, x16 = jax.tree.map(lambda a: a.astype(jnp.float16), (params, x))
     y16 = jax.jit(lambda p, x: attention.apply(p, x, config))(params16, x16)
@@ -320,7 +334,9 @@ def test_auto_runs_float16_under_jit():
     np.testing.assert_allclose(np.asarray(y16, np.float32), attention.apply(params, x, config), atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("config", [AttentionConfig(D, 4), AttentionConfig(D, 4, n_kv_head=2)], ids=str)
+@pytest.mark.parametrize(
+    "config", [AttentionConfig(D, 4, causal=True), AttentionConfig(D, 4, n_kv_head=2, causal=True)], ids=str
+)
 def test_qkv_permutation_converts_the_q_k_v_layout(config):
     """Weights in the [all q | all k | all v] layout (nanoGPT, Hugging Face), permuted, give the attention a
     float64 reference computes reading them in that layout; argsort(perm) converts back."""
@@ -399,7 +415,7 @@ def test_auto_on_a_gpu_asks_cudnn_for_its_own_causal_mask(pretend_h100, causal):
 
 
 def test_auto_on_a_gpu_falls_back_to_xla_once_saying_why(pretend_h100):
-    config = AttentionConfig(32, 4)
+    config = AttentionConfig(32, 4, causal=True)
     params, x = make(config)
     padding = jnp.arange(T)[None, None, None, :] < jnp.array([T, 3])[:, None, None, None]
     with pytest.warns(UserWarning, match="XLA's attention, not cuDNN's flash attention: float32 inputs"):
@@ -437,7 +453,9 @@ def test_cudnn_equals_xla_in_value_and_gradient_on_a_gpu(n_kv_head):
     """On a GPU, "auto" in bfloat16 really calls cuDNN (its custom call is in the program) and agrees with XLA's
     fused path ("fused") and a float64 reference, in value and gradient, at GPT-2's head size (12 x 64), plain
     and inside a one-device shard_map (tensor parallelism's code path, check_vma on)."""
-    configs = {impl: AttentionConfig(768, 12, n_kv_head=n_kv_head, impl=impl) for impl in ("auto", "fused")}
+    configs = {
+        impl: AttentionConfig(768, 12, n_kv_head=n_kv_head, impl=impl, causal=True) for impl in ("auto", "fused")
+    }
     params = attention.init(jax.random.key(0), configs["auto"])
     x = jax.random.normal(jax.random.key(1), (4, 256, 768))
     params, x = jax.tree.map(lambda a: a.astype(BF16), (params, x))

@@ -301,7 +301,7 @@ def attention_dropout_per_head() -> dict:
     """Heads split over 4 devices, all with the same weights. The output projection reads only device 0's
     head (run A) or only device 1's (run B): equal without dropout; with dropout, equal only if both devices
     drew the same attention-probability mask, which they must not."""
-    config = attention.AttentionConfig(d_model=16, n_head=4, dropout=0.5)
+    config = attention.AttentionConfig(d_model=16, n_head=4, dropout=0.5, causal=True)
     mesh = parallel.make_mesh(2, 4)
     rng = np.random.default_rng(4)
     group = rng.standard_normal((16, 12))  # one head's q, k, v columns (grouped layout)
@@ -337,7 +337,7 @@ def errors() -> dict:
     """Errors raised at trace time under a mesh."""
     out = {}
     mesh = parallel.make_mesh(1, 8)
-    config = attention.AttentionConfig(d_model=32, n_head=4)
+    config = attention.AttentionConfig(d_model=32, n_head=4, causal=True)
     params = attention.init(jax.random.key(0), config)
     specs = {"qkv": {"w": P(None, MODEL), "b": P(MODEL)}, "proj": {"w": P(MODEL, None), "b": P()}}
     try:
