@@ -28,8 +28,7 @@ from purejax import lora
 from purejax import tree as tree_lib
 from train.data.prepare import check_writable
 from train.kit.text import load_gpt2
-
-FAMILIES = {"gpt2": "gpt_hf", "llama": "llama_hf"}  # config.json's model_type -> the models module
+from train.kit.trained import FAMILIES
 
 
 class Base(NamedTuple):

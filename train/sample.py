@@ -18,11 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models import gpt, gpt_decode, gpt_surgery
-from purejax import checkpoint
+from models import gpt_decode, gpt_surgery
 from train.data import load_tokenizer
 from train.kit import settings as settings_lib
 from train.kit.settings import setting
+from train.kit.trained import load_model
 
 
 @dataclass(frozen=True)
@@ -43,36 +43,6 @@ class SampleConfig:
 
     def __post_init__(self):
         settings_lib.check_ranges(self)
-
-
-def load_model(out_dir: str | Path, step: int | None = None) -> tuple[dict, gpt.GPTConfig, int]:
-    """(params, config, step) from out_dir's newest readable (or `step`'s) checkpoint, reading the params only;
-    a one-line SystemExit for a missing step, a damaged file, or a checkpoint that is not a GPT's."""
-    manager = checkpoint.CheckpointManager(out_dir, keep_last=None)
-    steps = manager.steps()
-    if not steps:
-        raise SystemExit(
-            f"error: no checkpoint in {str(out_dir)!r}; train one with `python -m train.gpt --out_dir={out_dir}`"
-        )
-    if step is not None and step not in steps:
-        raise SystemExit(f"error: no checkpoint for step {step} in {str(out_dir)!r}; its steps are {steps}")
-    try:
-        params, info = manager.restore(step=step, subtree="params")
-    except checkpoint.CheckpointError as e:
-        raise SystemExit(f"error: {e}") from None
-    except KeyError:
-        raise SystemExit(
-            f"error: {manager.path(steps[-1] if step is None else step)} holds no 'params': not a train.gpt checkpoint"
-        ) from None
-    model = info.config.get("model") if isinstance(info.config, dict) else None
-    try:
-        config = gpt.GPTConfig(**model)
-    except (TypeError, ValueError) as e:
-        raise SystemExit(
-            f"error: {info.path} has no GPT config (its config['model'] is {model!r}: {e}); "
-            "is it a train.gpt checkpoint?"
-        ) from None
-    return jax.tree.map(jnp.asarray, params), config, info.step
 
 
 def read_start(start: str) -> str:

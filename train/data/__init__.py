@@ -8,6 +8,8 @@ The pieces, in the order data flows through them (one file each):
 - `corpus`: read a text file or directory, or build the default corpus from Python's own documentation
   and source (no download);
 - `tokenizers`: character-level and byte-level tokenizers, saved as JSON;
+- `bpe` (with `bpe_split`, `bpe_files`, `bpe_train`): byte-pair encoding that agrees with GPT-2's, Llama's and
+  Hugging Face's files id for id, and a trainer;
 - `prepare`: tokenize and write `train.bin`/`val.bin` (uint16, 90/10 split), `tokenizer.json`, `meta.json`;
 - `dataset`: `ensure_dataset` (find or prepare what a training run names) and `open_dataset`;
 - `batches`: `get_batch` from (seed, step), and `prefetch` to the device.
@@ -16,6 +18,8 @@ See docs/data.md.
 """
 
 from train.data.batches import batches, get_batch, prefetch
+from train.data.bpe import BPETokenizer
+from train.data.bpe_train import train_bpe
 from train.data.corpus import SEPARATOR, STDLIB_MODULES, TEXT_EXTENSIONS, Source, read_source, stdlib_corpus
 from train.data.dataset import Dataset, ensure_dataset, fingerprint, open_dataset
 from train.data.prepare import prepare, split_point, text_sha256
@@ -23,6 +27,7 @@ from train.data.tokenizers import ByteTokenizer, CharTokenizer, Tokenizer, load_
 
 __all__ = [
     "SEPARATOR",
+    "BPETokenizer",
     "STDLIB_MODULES",
     "TEXT_EXTENSIONS",
     "ByteTokenizer",
@@ -43,4 +48,5 @@ __all__ = [
     "split_point",
     "stdlib_corpus",
     "text_sha256",
+    "train_bpe",
 ]

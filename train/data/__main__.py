@@ -1,8 +1,9 @@
-"""Prepare a dataset: `python -m train.data [--input PATH] [--tokenizer char|byte] [--out_dir DIR]`.
+"""Prepare a dataset: `python -m train.data [--input PATH] [--tokenizer char|byte|bpe] [--vocab_size N] [--out_dir D]`.
 
 With no --input, the built-in corpus (Python's own documentation and source, no download) goes to
 data/stdlib/. With one, a text file or a directory of text files goes to data/<its name>/ unless --out_dir
-says otherwise. A byte tokenizer adds "-byte" to the default directory name.
+says otherwise. A byte tokenizer adds "-byte" to the default directory name, a BPE one "-bpe"; a BPE is trained
+on the text to --vocab_size tokens (GPT-2 style, byte-level; at least 257).
 """
 
 import argparse
@@ -26,10 +27,13 @@ def main(argv: list[str] | None = None) -> dict:
         help=f"a text file, or a directory whose {' '.join(TEXT_EXTENSIONS)} files are read in sorted order "
         "(default: the built-in corpus)",
     )
-    parser.add_argument("--tokenizer", choices=("char", "byte"), default="char")
+    parser.add_argument("--tokenizer", choices=("char", "byte", "bpe"), default="char")
+    parser.add_argument("--vocab_size", type=int, default=None, help="the BPE's vocabulary size (--tokenizer bpe)")
     parser.add_argument("--out_dir", type=Path, default=None, help="default: data/stdlib or data/<input name>")
     args = parser.parse_args(argv)
 
+    if (args.vocab_size is None) != (args.tokenizer != "bpe"):
+        parser.error("--vocab_size goes with --tokenizer bpe, and only with it")
     try:
         if args.input is None:
             source, name = stdlib_corpus(), DEFAULT
@@ -38,7 +42,7 @@ def main(argv: list[str] | None = None) -> dict:
                 raise FileNotFoundError(f"input path {args.input} does not exist (expected a text file or directory)")
             source, name = read_source(args.input), args.input.resolve().stem or "text"
         out_dir = args.out_dir or default_dir("data", name, args.tokenizer)
-        meta = prepare(source, out_dir, args.tokenizer)
+        meta = prepare(source, out_dir, args.tokenizer, args.vocab_size)
     except (OSError, ValueError) as e:
         parser.exit(2, f"python -m train.data: error: {e}\n")
     print(f"{meta['source']}: {meta['text_chars']:,} characters")

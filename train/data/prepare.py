@@ -62,18 +62,21 @@ def _write_atomically(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
-def prepare(source: Source, out_dir: str | Path, tokenizer: str = "char") -> dict:
-    """Tokenize `source.text` with a new tokenizer of kind `tokenizer` ("char" or "byte") and write the
-    dataset files into `out_dir`. Returns the contents of `meta.json`.
+def prepare(source: Source, out_dir: str | Path, tokenizer: str = "char", vocab_size: int | None = None) -> dict:
+    """Tokenize `source.text` with a new tokenizer of kind `tokenizer` ("char", "byte", or "bpe": trained on
+    the text to `vocab_size` tokens) and write the dataset files into `out_dir`. Returns the contents of
+    `meta.json`.
 
-    Raises ValueError for an empty text, one too short to split (fewer than 2 tokens), or a character
-    vocabulary too large for uint16 ids; OSError if `out_dir` cannot be written.
+    Raises ValueError for an empty text, one too short to split (fewer than 2 tokens), or a vocabulary too
+    large for uint16 ids; OSError if `out_dir` cannot be written.
     """
     out_dir = check_writable(out_dir)
     text = source.text
     if not text:
         raise ValueError(f"the input is empty ({source.description}); there is nothing to train on")
-    tok = make_tokenizer(tokenizer, text)
+    if tokenizer == "bpe" and vocab_size is not None and vocab_size > MAX_VOCAB:
+        raise ValueError(f"vocab_size {vocab_size:,} is more than the {MAX_VOCAB:,} ids a uint16 token file can hold")
+    tok = make_tokenizer(tokenizer, text, vocab_size)
     if tok.vocab_size > MAX_VOCAB:
         raise ValueError(
             f"the text has {tok.vocab_size:,} distinct characters, more than the {MAX_VOCAB:,} ids a uint16 token "

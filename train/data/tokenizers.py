@@ -8,6 +8,9 @@ A tokenizer turns text into integer ids and back. Two kinds, both small enough t
 - `ByteTokenizer`: the 256 possible bytes of the UTF-8 encoding. It knows every text, at the price of
   several ids per non-ASCII character.
 
+A third, `BPETokenizer` (byte-pair encoding, GPT-2 and Llama style), lives in `bpe.py`; it is saved in Hugging
+Face's tokenizer.json layout instead, recognised by its "model" field.
+
 `tokenizer.json` holds `{"kind": "char", "vocab": [...characters...]}` or `{"kind": "byte", "vocab_size": 256}`:
 readable by any language, and loading it runs no code (nanoGPT's `meta.pkl` is a pickle, which can).
 """
@@ -19,24 +22,12 @@ from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
-from jaxtyping import Int
 from numpy.typing import ArrayLike
 
-TokenIds = Int[np.ndarray, " tokens"]
-
-
-def _as_ids(ids: ArrayLike, vocab_size: int) -> np.ndarray:
-    """`ids` (a list, numpy or jax array) as a 1-D int64 array, checked to lie in [0, vocab_size)."""
-    ids = np.asarray(ids)
-    if ids.ndim != 1:
-        raise ValueError(f"decode takes a 1-D sequence of token ids, got shape {ids.shape}; decode each row")
-    if ids.size and not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(f"decode takes integer token ids, got dtype {ids.dtype}")
-    ids = ids.astype(np.int64)
-    bad = ids[(ids < 0) | (ids >= vocab_size)]
-    if bad.size:
-        raise ValueError(f"token ids {sorted(set(bad.tolist()))[:10]} are outside the vocabulary [0, {vocab_size})")
-    return ids
+from train.data.bpe import BPETokenizer
+from train.data.bpe_train import train_bpe
+from train.data.token_ids import TokenIds
+from train.data.token_ids import as_ids as _as_ids
 
 
 @dataclass(frozen=True)
@@ -150,16 +141,20 @@ class ByteTokenizer:
         return _load_kind(path, cls)
 
 
-Tokenizer = CharTokenizer | ByteTokenizer
-KINDS: dict[str, type] = {"char": CharTokenizer, "byte": ByteTokenizer}
+Tokenizer = CharTokenizer | ByteTokenizer | BPETokenizer
+KINDS: dict[str, type] = {"char": CharTokenizer, "byte": ByteTokenizer, "bpe": BPETokenizer}
 
 
-def make_tokenizer(kind: str, text: str) -> Tokenizer:
-    """A tokenizer of `kind` ("char" or "byte") for the corpus `text`."""
+def make_tokenizer(kind: str, text: str, vocab_size: int | None = None) -> Tokenizer:
+    """A tokenizer of `kind` ("char", "byte", or "bpe": trained on `text` to `vocab_size` tokens) for `text`."""
     if kind == "char":
         return CharTokenizer.from_text(text)
     if kind == "byte":
         return ByteTokenizer()
+    if kind == "bpe":
+        if vocab_size is None:
+            raise ValueError("a bpe tokenizer is trained to a vocabulary size: give vocab_size (--vocab_size)")
+        return train_bpe(text, vocab_size)
     raise ValueError(f"unknown tokenizer kind {kind!r}; choose one of {sorted(KINDS)}")
 
 
@@ -169,10 +164,16 @@ def save_tokenizer(tokenizer: Tokenizer, path: str | Path) -> None:
 
 
 def tokenizer_from_json(data: dict, source: str = "tokenizer JSON") -> Tokenizer:
-    """The tokenizer described by a dict as written by `to_json`; `source` names it in errors."""
+    """The tokenizer described by a dict as written by `to_json`; `source` names it in errors. A BPE tokenizer is
+    in Hugging Face's tokenizer.json layout, which holds a "model" instead of a "kind"."""
+    if isinstance(data, dict) and "model" in data and "kind" not in data:
+        return BPETokenizer.from_json(data, source)
     kind = data.get("kind") if isinstance(data, dict) else None
-    if kind not in KINDS:
-        raise ValueError(f"{source}: 'kind' must be one of {sorted(KINDS)}, got {kind!r}")
+    if kind not in ("byte", "char"):
+        raise ValueError(
+            f"{source}: 'kind' must be one of ['byte', 'char'], got {kind!r} (a BPE tokenizer is a Hugging Face "
+            "tokenizer.json, with a 'model' and no 'kind')"
+        )
     if kind == "byte":
         if data.get("vocab_size", 256) != 256:
             raise ValueError(f"{source}: a byte tokenizer has vocab_size 256, got {data.get('vocab_size')!r}")

@@ -1,0 +1,120 @@
+"""train.data.bpe: the byte-level and SentencePiece-style BPE, id for id against Hugging Face `tokenizers` on hostile
+text (the references are trained in conftest.py), and its own rules: special tokens only when allowed, exact round
+trips, errors that name the offset."""
+
+import numpy as np
+import pytest
+
+from tests.train.data.conftest import HOSTILE
+from train.data.bpe import BPETokenizer, merge_word
+from train.data.bpe_split import bytes_to_unicode, split_special, split_words
+
+STYLES = ["hf_gpt2", "hf_llama3", "hf_sentencepiece"]
+
+
+def reference_ids(reference, text: str, specials: bool) -> list[int]:
+    """Hugging Face's ids of `text`, the special tokens matched in it or not, nothing added in front."""
+    reference.encode_special_tokens = not specials
+    return reference.encode(text, add_special_tokens=False).ids
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_ids_match_hugging_face_on_hostile_text(style, request):
+    reference, data = request.getfixturevalue(style)
+    ours = BPETokenizer.from_json(data)
+    assert ours.style == {"hf_gpt2": "gpt2", "hf_llama3": "llama3", "hf_sentencepiece": "sentencepiece"}[style]
+    assert ours.vocab_size == reference.get_vocab_size()
+    for text in [*HOSTILE, "".join(HOSTILE), "\n".join(HOSTILE)]:
+        assert ours.encode(text).tolist() == reference_ids(reference, text, specials=False), repr(text)
+        everything = ours.encode(text, allowed_special="all").tolist()
+        assert everything == reference_ids(reference, text, specials=True), repr(text)
+
+
+@pytest.mark.parametrize("style", ["hf_gpt2", "hf_llama3"])
+def test_byte_level_round_trips_exactly(style, request):
+    ours = BPETokenizer.from_json(request.getfixturevalue(style)[1])
+    for text in [*HOSTILE, "".join(HOSTILE)]:
+        assert ours.decode(ours.encode(text)) == text
+        assert ours.decode(ours.encode(text, allowed_special="all")) == text
+        assert ours.encode(text.encode("utf-8")).tolist() == ours.encode(text).tolist()  # bytes in, same ids
+
+
+def test_sentencepiece_decode_matches_hugging_face(hf_sentencepiece):
+    reference, data = hf_sentencepiece
+    ours = BPETokenizer.from_json(data)
+    for text in HOSTILE:
+        ids = ours.encode(text)
+        assert ours.decode(ids) == reference.decode(ids.tolist(), skip_special_tokens=False), repr(text)
+    assert any(token.startswith("<0x") for token in reference.encode(HOSTILE[8]).tokens)  # Thai: byte fallback
+
+
+def test_special_tokens_only_when_allowed(hf_gpt2):
+    ours = BPETokenizer.from_json(hf_gpt2[1])
+    end = ours.special_tokens["<|endoftext|>"]
+    text = "a<|endoftext|>b</s>"
+    assert end not in ours.encode(text).tolist()  # ordinary text cannot forge a document boundary
+    assert ours.encode(text, allowed_special={"<|endoftext|>"}).tolist().count(end) == 1
+    assert ours.special_tokens["</s>"] not in ours.encode(text, allowed_special={"<|endoftext|>"}).tolist()
+    assert ours.encode(text, allowed_special="all").tolist()[-1] == ours.special_tokens["</s>"]
+    with pytest.raises(ValueError, match=r"allowed_special names \['<bos>'\]"):
+        ours.encode(text, allowed_special={"<bos>"})
+    with pytest.raises(ValueError, match="allowed_special is 'all' or a set of special tokens, got the string '</s>'"):
+        ours.encode(text, allowed_special="</s>")
+
+
+def test_special_tokens_leftmost_then_longest():
+    assert split_special("x<s><s>>y", frozenset({"<s>", "<s>>"})) == [("x", False), ("<s>", True), ("<s>>", True)] + [
+        ("y", False)
+    ]
+    assert split_special("", frozenset({"<s>"})) == []
+
+
+def test_invalid_input_names_the_offset(hf_gpt2):
+    ours = BPETokenizer.from_json(hf_gpt2[1])
+    with pytest.raises(ValueError, match="not valid UTF-8 at byte offset 3"):
+        ours.encode(b"abc\xff")
+    with pytest.raises(ValueError, match="not valid UTF-8 at byte offset 2"):
+        ours.encode("é".encode() + b"\xe2\x82")  # a cut character
+    with pytest.raises(ValueError, match="not valid Unicode at position 1"):
+        ours.encode("a\ud800b")
+    with pytest.raises(ValueError, match=r"token ids \[700\] are outside"):
+        ours.decode([700])
+    assert ours.encode("").dtype == np.int64 and ours.encode("").size == 0
+
+
+def test_words_match_hugging_face_pre_tokenizers():
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import pre_tokenizers
+
+    from train.data.bpe_split import LLAMA3_PATTERN
+
+    gpt2 = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    llama3 = pre_tokenizers.Split(tokenizers.Regex(LLAMA3_PATTERN), behavior="isolated")
+    alphabet = bytes_to_unicode()
+    for text in HOSTILE:
+        spelled = ["".join(alphabet[b] for b in word.encode()) for word in split_words(text, "gpt2")]
+        assert spelled == [word for word, _ in gpt2.pre_tokenize_str(text)], repr(text)
+        assert split_words(text, "llama3") == [word for word, _ in llama3.pre_tokenize_str(text)], repr(text)
+    assert split_words("1234567 x", "llama3") == ["123", "456", "7", " x"]  # numbers in groups of 1 to 3 digits
+
+
+def test_byte_alphabet_is_gpt2s():
+    alphabet = bytes_to_unicode()
+    assert len(set(alphabet.values())) == 256
+    assert alphabet[ord(" ")] == "Ġ" and alphabet[ord("\n")] == "Ċ" and alphabet[ord("a")] == "a"
+    assert alphabet[0] == "Ā" and alphabet[0xAD] == "Ń"  # moved bytes from U+0100, in byte order: the 68th
+
+
+def test_merge_word_by_rank_by_hand():
+    ranks = {("l", "o"): 0, ("lo", "w"): 1, ("e", "r"): 2, ("a", "a"): 3}
+    assert merge_word(list("lower"), ranks) == ["low", "er"]
+    assert merge_word(list("aaa"), ranks) == ["aa", "a"]  # left to right, no overlap
+    assert merge_word(["x"], ranks) == ["x"] and merge_word([], ranks) == []
+
+
+def test_unknown_characters_without_fallback():
+    vocab = {"<unk>": 0, "▁": 1, "a": 2, "b": 3, "▁a": 4}
+    fused = BPETokenizer(vocab, (("▁", "a"),), {"<unk>": 0}, "sentencepiece", unk_token="<unk>", fuse_unk=True)
+    assert fused.encode("a xyb").tolist() == [4, 1, 0, 3]
+    with pytest.raises(ValueError, match=r"character 'x' \(U\+0078\) in the word '▁▁xa' has no token"):
+        BPETokenizer(vocab, (), {}, "sentencepiece").encode(" xa")
