@@ -3,7 +3,7 @@
     python -m train.gpt                                   # the default CPU preset on the built-in corpus
     python -m train.gpt --config=gpt_tiny --max_iters=50  # a preset from train/presets/, then overrides
     python -m train.gpt --init_from=resume                # continue out_dir's newest checkpoint, bit for bit
-    python -m train.gpt --init_from=path/to/hf-gpt2-dir    # fine-tune imported GPT-2 weights
+    python -m train.gpt --init_from=path/to/hf-gpt2-dir --dataset=my.txt   # fine-tune GPT-2, its own tokenizer
     python -m train.gpt --dp=2 --tp=2                     # on a 2 x 2 device mesh (docs/parallelism.md)
 
 Settings are the fields of `GPTSettings` (train/gpt_settings.py; `--help` lists them); `--key=value`
@@ -142,9 +142,10 @@ def parse(argv: list[str]) -> GPTSettings:
 
 def main(argv: list[str] | None = None) -> dict:
     with start.run(GPTSettings, argv, program=PROGRAM, doc=__doc__, default_preset=DEFAULT_PRESET, devices=True) as run:
-        settings, saved, imported = run.settings, None, None
+        settings, saved, imported, tokenizer = run.settings, None, None, None
         if settings.init_from == "resume":
             settings, saved = resolve_resume(run)
+            tokenizer = text.resumed_tokenizer(run.out_dir, saved)
         elif settings.init_from != "scratch":
             imported = text.load_gpt2(
                 settings.init_from,
@@ -153,7 +154,10 @@ def main(argv: list[str] | None = None) -> dict:
                 layers=settings.layers,
                 remat=settings.remat,
             )
-        data, fingerprint = text.open_data(settings, run.devices, saved)
+            tokenizer = text.model_tokenizer(settings.init_from)  # the text is tokenized as GPT-2's was
+        data, fingerprint = text.open_data(settings, run.devices, saved, tokenizer)
+        if imported and tokenizer is None:
+            text.check_untokenized_import(settings.init_from, data.tokenizer, imported[1])
         vocab_size = data.tokenizer.vocab_size
         model_config, param_specs = choose_model(settings, vocab_size, run.devices, saved, imported and imported[1])
         if run.main:

@@ -44,7 +44,9 @@ class GPTSettings(TrainSettings):
     always_save_checkpoint: bool = setting(True, "save at every evaluation; false: only when the val loss improves")
     # data
     dataset: str = setting("stdlib", "a prepared directory, a name under data/, or any text file or directory")
-    tokenizer: Literal["char", "byte"] = setting("char", "raw text becomes one id per character, or per UTF-8 byte")
+    tokenizer: Literal["char", "byte"] = setting(
+        "char", "raw text becomes one id per character, or per UTF-8 byte (unless init_from has a tokenizer)"
+    )
     gradient_accumulation_steps: int = setting(1, "micro-batches per optimizer step", at_least=1)
     batch_size: int = inherited(TrainSettings, "batch_size", 12)
     block_size: int = setting(64, "context length in tokens", at_least=1)

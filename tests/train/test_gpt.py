@@ -183,12 +183,15 @@ def test_weight_decay_reaches_matmul_weights_and_embeddings_only():
 
 
 def test_init_from_a_hugging_face_directory_fine_tunes_it(tmp_path, corpus):
-    """--init_from=<dir> loads GPT-2-layout weights (written here by models.gpt_hf.save) and trains them."""
+    """--init_from=<dir> loads GPT-2-layout weights (written here by models.gpt_hf.save) and trains them; the
+    directory holds no tokenizer, so the char tokenizer stands in, of the model's vocabulary size, with a warning
+    (tests/train/test_finetune_gpt2_text.py: a directory with a tokenizer, or a size that differs)."""
     import jax
 
     from models import gpt, gpt_hf
 
-    config = gpt.GPTConfig(block_size=32, vocab_size=128, n_layer=2, n_head=2, n_embd=32, bias=True, gelu="tanh")
+    vocab_size = len(set(corpus.read_text()))
+    config = gpt.GPTConfig(block_size=32, vocab_size=vocab_size, n_layer=2, n_head=2, n_embd=32, bias=True, gelu="tanh")
     gpt_hf.save(gpt.init(jax.random.key(0), config), config, tmp_path / "hf")
     out = finish(
         run_gpt(
@@ -204,8 +207,9 @@ def test_init_from_a_hugging_face_directory_fine_tunes_it(tmp_path, corpus):
         )
     )
     params, info = checkpoint.restore(tmp_path / "ft" / "ckpt_00000004.msgpack", subtree="params")
-    assert info.config["model"]["vocab_size"] == 128 and info.config["model"]["gelu"] == "tanh", out
-    assert params["wte"]["w"].shape == (128, 32)
+    assert info.config["model"]["vocab_size"] == vocab_size and info.config["model"]["gelu"] == "tanh", out
+    assert params["wte"]["w"].shape == (vocab_size, 32)
+    assert "holds no tokenizer: the ids of the dataset's char tokenizer will not match" in out
 
 
 def test_resume_eval_only_prints_the_loss_and_the_dtype_may_change(tmp_path, corpus, monkeypatch, capsys):

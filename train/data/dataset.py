@@ -34,7 +34,7 @@ class Dataset(NamedTuple):
 
 
 def default_dir(data_root: str | Path, name: str, tokenizer: str) -> Path:
-    """`data_root/name` for the char tokenizer, `data_root/name-byte` for the byte one."""
+    """`data_root/name` for the char tokenizer, `data_root/name-byte` for the byte one (`name-<kind>` for another)."""
     return Path(data_root) / (name if tokenizer == "char" else f"{name}-{tokenizer}")
 
 
@@ -75,17 +75,23 @@ def open_dataset(path: str | Path) -> Dataset:
     return Dataset(path, train, val, tokenizer, meta)
 
 
+def tokenizer_fingerprint(tokenizer: Tokenizer) -> dict[str, str | int]:
+    """What identifies a tokenizer: its kind, vocabulary size and the SHA-256 of its JSON (the same characters
+    with other ids differ)."""
+    saved = json.dumps(tokenizer.to_json(), sort_keys=True).encode()
+    return {
+        "kind": tokenizer.kind,
+        "vocab_size": tokenizer.vocab_size,
+        "sha256": hashlib.sha256(saved).hexdigest()[:16],
+    }
+
+
 def fingerprint(dataset: Dataset) -> dict[str, dict]:
     """What identifies the dataset's content, recorded in every checkpoint so that a resume on other data is
-    refused: the tokenizer (its kind, vocabulary size and the SHA-256 of its JSON: the same characters with other
-    ids differ) and each token file's size and CRC-32 (reading both files once, about a second per GB)."""
-    tokenizer = json.dumps(dataset.tokenizer.to_json(), sort_keys=True).encode()
+    refused: the tokenizer (`tokenizer_fingerprint`) and each token file's size and CRC-32 (reading both files
+    once, about a second per GB)."""
     return {
-        "tokenizer": {
-            "kind": dataset.tokenizer.kind,
-            "vocab_size": dataset.tokenizer.vocab_size,
-            "sha256": hashlib.sha256(tokenizer).hexdigest()[:16],
-        },
+        "tokenizer": tokenizer_fingerprint(dataset.tokenizer),
         **{name: _file_fingerprint(dataset.path / name) for name in ("train.bin", "val.bin")},
     }
 
@@ -101,7 +107,7 @@ def _file_fingerprint(path: Path) -> dict[str, int | str]:
 def ensure_dataset(
     name_or_path: str | Path | None = None,
     *,
-    tokenizer: str | None = None,
+    tokenizer: str | Tokenizer | None = None,
     data_root: str | Path = "data",
     log: Callable[[str], None] | None = print,
 ) -> Path:
@@ -115,29 +121,27 @@ def ensure_dataset(
         named by the text's SHA-256, so editing the text prepares it again and nothing stale is reused;
       - the name of a prepared directory inside `data_root` (nanoGPT's `dataset=shakespeare_char`).
     `tokenizer` ("char" or "byte") is the kind to prepare with (default "char"); for a prepared directory it
-    must match the saved one if given. `log` receives a line when something is prepared (None: silent).
+    must match the saved one if given. It may also be a tokenizer itself (a model's own, such as GPT-2's BPE):
+    the text is then encoded with it, into a directory whose name holds its fingerprint as well (`<kind>` is
+    `bpe-<sha256>`), and a prepared directory must hold the same tokenizer. `log` receives a line when
+    something is prepared (None: silent).
     """
-    if tokenizer is not None and tokenizer not in ("char", "byte"):
+    if isinstance(tokenizer, str) and tokenizer not in ("char", "byte"):
         raise ValueError(f"tokenizer must be 'char' or 'byte', got {tokenizer!r}")
-    kind = tokenizer or "char"
+    given = None if tokenizer is None or isinstance(tokenizer, str) else tokenizer
+    kind = f"{given.kind}-{tokenizer_fingerprint(given)['sha256'][:8]}" if given else tokenizer or "char"
     say = log or (lambda line: None)
     if name_or_path is None or str(name_or_path) == DEFAULT:
         out = default_dir(data_root, DEFAULT, kind)
         if missing_files(out):
             say(f"preparing the default corpus (Python's own documentation and source) into {out}")
-            prepare(stdlib_corpus(), out, kind)
+            prepare(stdlib_corpus(), out, given or kind)
         return out
     path = Path(name_or_path)
     if not path.exists() and (Path(data_root) / path).is_dir():
         path = Path(data_root) / path
     if path.is_dir() and len(missing_files(path)) < len(FILES):  # some dataset files: meant as prepared
-        if missing := missing_files(path):
-            raise FileNotFoundError(
-                f"{path} looks like a partly prepared dataset: it lacks {', '.join(missing)}; prepare it again"
-            )
-        saved = json.loads((path / "meta.json").read_text()).get("tokenizer")
-        if tokenizer is not None and saved != tokenizer:
-            raise ValueError(f"{path} was prepared with the {saved!r} tokenizer, not {tokenizer!r}")
+        _check_prepared(path, tokenizer)
         return path
     if not path.exists():
         raise FileNotFoundError(
@@ -150,5 +154,30 @@ def ensure_dataset(
     out = Path(data_root) / "cache" / f"{stem}-{kind}-{text_sha256(source.text)[:12]}"
     if missing_files(out):
         say(f"preparing {source.description} into {out}")
-        prepare(source, out, kind)
+        prepare(source, out, given or kind)
     return out
+
+
+def _check_prepared(path: Path, tokenizer: str | Tokenizer | None) -> None:
+    """That the prepared directory `path` is complete and was prepared with `tokenizer` (a kind or a tokenizer
+    itself) if given: FileNotFoundError or ValueError saying what differs."""
+    if missing := missing_files(path):
+        raise FileNotFoundError(
+            f"{path} looks like a partly prepared dataset: it lacks {', '.join(missing)}; prepare it again"
+        )
+    if isinstance(tokenizer, str):
+        saved = json.loads((path / "meta.json").read_text()).get("tokenizer")
+        if saved != tokenizer:
+            raise ValueError(f"{path} was prepared with the {saved!r} tokenizer, not {tokenizer!r}")
+    elif tokenizer is not None:
+        saved, wanted = tokenizer_fingerprint(load_tokenizer(path / "tokenizer.json")), tokenizer_fingerprint(tokenizer)
+        if saved != wanted:
+            raise ValueError(
+                f"{path} was prepared with another tokenizer ({_describe(saved)}) than the model's "
+                f"({_describe(wanted)}), so its ids mean other tokens; name the text itself instead, to have it "
+                "prepared with the model's tokenizer"
+            )
+
+
+def _describe(tokenizer: dict) -> str:
+    return f"{tokenizer['kind']}, {tokenizer['vocab_size']} tokens, sha256 {tokenizer['sha256']}"

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from train.data.corpus import Source
-from train.data.tokenizers import make_tokenizer, save_tokenizer
+from train.data.tokenizers import Tokenizer, make_tokenizer, save_tokenizer
 
 FILES = ("train.bin", "val.bin", "tokenizer.json", "meta.json")
 DTYPE = np.dtype("<u2")  # uint16, little-endian: ids 0..65535
@@ -62,10 +62,12 @@ def _write_atomically(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
-def prepare(source: Source, out_dir: str | Path, tokenizer: str = "char", vocab_size: int | None = None) -> dict:
+def prepare(
+    source: Source, out_dir: str | Path, tokenizer: str | Tokenizer = "char", vocab_size: int | None = None
+) -> dict:
     """Tokenize `source.text` with a new tokenizer of kind `tokenizer` ("char", "byte", or "bpe": trained on
-    the text to `vocab_size` tokens) and write the dataset files into `out_dir`. Returns the contents of
-    `meta.json`.
+    the text to `vocab_size` tokens), or with `tokenizer` itself (a model's own), and write the dataset files
+    into `out_dir`. Returns the contents of `meta.json`.
 
     Raises ValueError for an empty text, one too short to split (fewer than 2 tokens), or a vocabulary too
     large for uint16 ids; OSError if `out_dir` cannot be written.
@@ -76,7 +78,12 @@ def prepare(source: Source, out_dir: str | Path, tokenizer: str = "char", vocab_
         raise ValueError(f"the input is empty ({source.description}); there is nothing to train on")
     if tokenizer == "bpe" and vocab_size is not None and vocab_size > MAX_VOCAB:
         raise ValueError(f"vocab_size {vocab_size:,} is more than the {MAX_VOCAB:,} ids a uint16 token file can hold")
-    tok = make_tokenizer(tokenizer, text, vocab_size)
+    if not isinstance(tokenizer, str) and tokenizer.vocab_size > MAX_VOCAB:
+        raise ValueError(
+            f"the {tokenizer.kind} tokenizer has {tokenizer.vocab_size:,} tokens, more than the {MAX_VOCAB:,} ids a "
+            "uint16 token file can hold"
+        )
+    tok = make_tokenizer(tokenizer, text, vocab_size) if isinstance(tokenizer, str) else tokenizer
     if tok.vocab_size > MAX_VOCAB:
         raise ValueError(
             f"the text has {tok.vocab_size:,} distinct characters, more than the {MAX_VOCAB:,} ids a uint16 token "

@@ -1,8 +1,8 @@
 """What the programs that train a language model on text share (`train.gpt`, `train.finetune`): the dataset,
-opened and checked against the checkpoint's; the loss estimate over both splits; GPT-2's weights read from a
-Hugging Face directory for `--init_from`.
+opened and checked against the checkpoint's; the loss estimate over both splits; GPT-2's weights and tokenizer
+read from a Hugging Face directory for `--init_from`.
 
-    dataset, fingerprint = open_data(settings, devices, saved)
+    dataset, fingerprint = open_data(settings, devices, saved, tokenizer=model_tokenizer(settings.init_from))
     losses = estimate_loss(eval_loss, state.params, dataset, settings, iteration, devices)
     params, model_config = load_gpt2(settings.init_from, settings.block_size, dropout=..., layers=..., remat=...)
 
@@ -22,14 +22,18 @@ from train.kit import resume
 from train.kit.devices import Devices
 
 
-def open_data(settings: Any, devices: Devices, saved: dict | None) -> tuple[data_lib.Dataset, dict]:
+def open_data(
+    settings: Any, devices: Devices, saved: dict | None, tokenizer: data_lib.Tokenizer | None = None
+) -> tuple[data_lib.Dataset, dict]:
     """The dataset (prepared by process 0 if needed) and its fingerprint, which must be the checkpoint's when
-    resuming: the same tokenizer and token files, or a clear error before anything is overwritten."""
+    resuming: the same tokenizer and token files, or a clear error before anything is overwritten. Text is
+    tokenized with `tokenizer` (a model's own) if given, else with a new one of kind `settings.tokenizer`."""
+    tokenizer = tokenizer or settings.tokenizer
     try:
         if distributed.is_main():  # prepares the dataset if needed; the other processes wait, then open it
-            data_lib.ensure_dataset(settings.dataset, tokenizer=settings.tokenizer)
+            data_lib.ensure_dataset(settings.dataset, tokenizer=tokenizer)
         devices.barrier("dataset ready")
-        prepared = data_lib.ensure_dataset(settings.dataset, tokenizer=settings.tokenizer, log=None)
+        prepared = data_lib.ensure_dataset(settings.dataset, tokenizer=tokenizer, log=None)
         dataset = data_lib.open_dataset(prepared)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"error: dataset {settings.dataset!r}: {e}") from None
@@ -78,6 +82,43 @@ def load_gpt2(
     params, model_config = gpt_hf.load(Path(directory))
     model_config = dataclasses.replace(model_config, dropout=dropout, layers=layers, remat=remat)
     return gpt_surgery.crop_block_size(params, model_config, min(block_size, model_config.block_size))
+
+
+def model_tokenizer(directory: str | Path) -> data_lib.Tokenizer | None:
+    """The tokenizer a Hugging Face directory (or a train.gpt out_dir) holds, for the text to be tokenized as the
+    model was trained: its tokenizer.json, or GPT-2's vocab.json + merges.txt; None when it holds neither."""
+    directory = Path(directory)
+    try:
+        if (directory / "tokenizer.json").is_file():
+            return data_lib.load_tokenizer(directory / "tokenizer.json")
+        if (directory / "vocab.json").is_file() and (directory / "merges.txt").is_file():
+            return data_lib.BPETokenizer.from_gpt2_files(directory / "vocab.json", directory / "merges.txt")
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: the tokenizer in {str(directory)!r} cannot be read: {e}") from None
+    return None
+
+
+def resumed_tokenizer(out_dir: str | Path, saved: dict) -> data_lib.Tokenizer | None:
+    """For --init_from=resume: the tokenizer saved in `out_dir` when the checkpoint's data was tokenized with a
+    model's own BPE (so the text is tokenized the same way again); None for a char or byte one, made anew."""
+    recorded = (saved.get("data") or {}).get("tokenizer") or {}
+    return model_tokenizer(out_dir) if recorded.get("kind") == "bpe" else None
+
+
+def check_untokenized_import(directory: str, tokenizer: data_lib.Tokenizer, model_config: gpt.GPTConfig) -> None:
+    """For --init_from=<dir> holding no tokenizer: the dataset's own tokenizer stands in for the model's, which
+    is refused unless the vocabulary sizes agree, and then warned about: its ids are not the model's tokens."""
+    if tokenizer.vocab_size != model_config.vocab_size:
+        raise SystemExit(
+            f"error: --init_from={directory!r} holds no tokenizer (tokenizer.json, or vocab.json + merges.txt), "
+            f"and the dataset's {tokenizer.kind} tokenizer has {tokenizer.vocab_size} tokens where the model has "
+            f"{model_config.vocab_size}; put the model's own tokenizer in {directory!r}"
+        )
+    if distributed.is_main():
+        print(
+            f"warning: --init_from={directory!r} holds no tokenizer: the ids of the dataset's {tokenizer.kind} "
+            "tokenizer will not match the model's vocabulary"
+        )
 
 
 class LossEstimates:
