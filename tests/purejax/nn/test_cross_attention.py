@@ -9,6 +9,7 @@ import pytest
 
 from purejax.nn import cross_attention
 from purejax.nn.cross_attention import CrossAttentionConfig
+from tests.purejax.nn.finite_differences import gradient as finite_differences
 
 B, T, S = 2, 3, 5  # batch, query length, context length: odd and unequal
 
@@ -105,23 +106,6 @@ def test_gradients_match_finite_differences_of_numpy():
     for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(g, w, rtol=1e-3, atol=2e-4, err_msg=jax.tree_util.keystr(path))
     assert np.abs(got_context[1, [2, 4]]).max() == 0.0  # padding gets no gradient
-
-
-def finite_differences(f, tree, eps=1e-6):
-    """Central differences of the float64 scalar function f(tree) with respect to every entry of every leaf."""
-    leaves, treedef = jax.tree.flatten(jax.tree.map(lambda a: np.asarray(a, np.float64), tree))
-    grads = []
-    for i, leaf in enumerate(leaves):
-        grad = np.zeros_like(leaf)
-        for index in np.ndindex(leaf.shape):
-            shifted = []
-            for sign in (1.0, -1.0):
-                moved = leaf.copy()
-                moved[index] += sign * eps
-                shifted.append(f(jax.tree.unflatten(treedef, leaves[:i] + [moved] + leaves[i + 1 :])))
-            grad[index] = (shifted[0] - shifted[1]) / (2 * eps)
-        grads.append(grad)
-    return jax.tree.unflatten(treedef, grads)
 
 
 def test_dropout_only_with_a_key():

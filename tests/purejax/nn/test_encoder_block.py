@@ -12,6 +12,7 @@ import pytest
 from purejax.nn import attention, encoder_block, layer_norm, mlp
 from purejax.nn.attention import AttentionConfig
 from purejax.nn.encoder_block import EncoderBlockConfig
+from tests.purejax.nn.finite_differences import gradient as finite_differences
 
 B, T = 2, 5
 CONFIG = EncoderBlockConfig(12, 3, d_ff=20)  # odd sizes: head_dim 4, d_ff not a multiple of d_model
@@ -93,23 +94,6 @@ def test_gradients_match_finite_differences_of_numpy():
     want = finite_differences(numpy_loss, (params, x))
     for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(g, w, rtol=1e-3, atol=2e-4, err_msg=jax.tree_util.keystr(path))
-
-
-def finite_differences(f, tree, eps=1e-6):
-    """Central differences of the float64 scalar function f(tree) with respect to every entry of every leaf."""
-    leaves, treedef = jax.tree.flatten(jax.tree.map(lambda a: np.asarray(a, np.float64), tree))
-    grads = []
-    for i, leaf in enumerate(leaves):
-        grad = np.zeros_like(leaf)
-        for index in np.ndindex(leaf.shape):
-            shifted = []
-            for sign in (1.0, -1.0):
-                moved = leaf.copy()
-                moved[index] += sign * eps
-                shifted.append(f(jax.tree.unflatten(treedef, leaves[:i] + [moved] + leaves[i + 1 :])))
-            grad[index] = (shifted[0] - shifted[1]) / (2 * eps)
-        grads.append(grad)
-    return jax.tree.unflatten(treedef, grads)
 
 
 def test_padded_positions_do_not_influence_the_others():

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from purejax.nn import group_norm, instance_norm
+from tests.purejax.nn.finite_differences import gradient as finite_difference_gradient
 
 
 def to_torch_layout(x, spatial_dims):
@@ -82,18 +83,6 @@ def test_group_norm_matches_numpy(shape, num_groups, spatial_dims):
     np.testing.assert_allclose(norm(params, x), want, rtol=1e-5, atol=2e-5)
     plain = group_norm.apply({}, x, num_groups=num_groups, spatial_dims=spatial_dims)
     np.testing.assert_allclose(plain, numpy_group_norm(x, num_groups, spatial_dims=spatial_dims), atol=2e-5)
-
-
-def finite_difference_gradient(f, x, step=1e-6):
-    """d f / d x by central differences in float64, one element at a time."""
-    x = np.asarray(x, np.float64)
-    grad = np.zeros_like(x)
-    for index in np.ndindex(*x.shape):
-        up, down = x.copy(), x.copy()
-        up[index] += step
-        down[index] -= step
-        grad[index] = (f(up) - f(down)) / (2 * step)
-    return grad
 
 
 @pytest.mark.parametrize("shape, num_groups, spatial_dims", [((2, 3, 5, 6), 3, 2), ((2, 5, 4), 2, 1)])

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from purejax.nn import conv, initializers, patch_embedding
+from tests.purejax.nn.finite_differences import gradient as finite_differences
 
 
 def numpy_patch_conv(params, x, p):
@@ -73,22 +74,6 @@ def test_gradients_match_finite_differences_of_the_numpy_convolution():
     got = {"w": grads[0]["w"], "b": grads[0]["b"], "x": grads[1]}
     for name, want in finite_differences(numpy_loss, inputs).items():
         np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-4, err_msg=name)
-
-
-def finite_differences(f, inputs, eps=1e-6):
-    """Central differences of the float64 function f(dict of arrays) -> scalar, with respect to every entry."""
-    inputs = {name: np.asarray(value, np.float64) for name, value in inputs.items()}
-    grads = {}
-    for name, value in inputs.items():
-        grad = np.zeros_like(value)
-        for index in np.ndindex(value.shape):
-            up, down = dict(inputs), dict(inputs)
-            up[name], down[name] = value.copy(), value.copy()
-            up[name][index] += eps
-            down[name][index] -= eps
-            grad[index] = (f(up) - f(down)) / (2 * eps)
-        grads[name] = grad
-    return grads
 
 
 def test_init_is_a_linear_over_the_flattened_patch():

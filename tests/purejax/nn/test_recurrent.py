@@ -10,6 +10,7 @@ import pytest
 from jaxtyping import TypeCheckError
 
 from purejax.nn import gru, lstm, recurrent
+from tests.purejax.nn.finite_differences import gradient as finite_difference_gradient
 
 
 def sigmoid(a):
@@ -161,23 +162,6 @@ def test_bidirectional_is_forward_and_backward_concatenated(name):
 def weighted_sum(y, final, weights):
     """A scalar that depends on every output and every final state entry, with fixed random weights."""
     return (y * weights["y"]).sum() + sum((final[key] * weights[key]).sum() for key in final)
-
-
-def finite_difference_gradient(loss, tree, eps=1e-6):
-    """Central differences of `loss(tree)` with respect to every float64 array in the dict `tree`."""
-    grads = {}
-    for name, value in tree.items():
-        if isinstance(value, dict):
-            grads[name] = finite_difference_gradient(lambda sub, name=name: loss({**tree, name: sub}), value, eps)
-            continue
-        grad = np.zeros_like(value)
-        for index in np.ndindex(value.shape):
-            plus, minus = value.copy(), value.copy()
-            plus[index] += eps
-            minus[index] -= eps
-            grad[index] = (loss({**tree, name: plus}) - loss({**tree, name: minus})) / (2 * eps)
-        grads[name] = grad
-    return grads
 
 
 @pytest.mark.parametrize("name", CELLS)
