@@ -22,6 +22,7 @@ if __name__ == "__main__":  # first, before the heavy imports: a signal while JA
     signals.exit_at_once_while_starting()
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -101,11 +102,20 @@ def make_loss_fn(model_config: mobilenet.MobileNetConfig):
     return loss_fn
 
 
-def predict(params, model_state, x: np.ndarray, model_config: mobilenet.MobileNetConfig, logits_fn) -> np.ndarray:
-    """Logits of every image in eval mode, EVAL_BATCH at a time."""
-    return np.concatenate(
-        [np.asarray(logits_fn(params, model_state, x[i : i + EVAL_BATCH])) for i in range(0, len(x), EVAL_BATCH)]
-    )
+def predict(params, model_state, images: np.ndarray, labels: np.ndarray, scores: Callable) -> tuple[np.ndarray, float]:
+    """(the logits of every image in eval mode, their mean cross-entropy), EVAL_BATCH images per call of
+    `scores(params, model_state, x, y) -> (logits, per-image losses)`. The last, shorter batch is padded to
+    EVAL_BATCH (the padding's rows dropped), so a compiled `scores` runs one program for every batch."""
+    logits, image_losses = [], []
+    for i in range(0, len(images), EVAL_BATCH):
+        x, y, n = images[i : i + EVAL_BATCH], labels[i : i + EVAL_BATCH], len(images[i : i + EVAL_BATCH])
+        if n < EVAL_BATCH and len(images) > EVAL_BATCH:
+            x = np.concatenate([x, np.zeros((EVAL_BATCH - n, *x.shape[1:]), x.dtype)])
+            y = np.concatenate([y, np.zeros(EVAL_BATCH - n, y.dtype)])
+        batch_logits, batch_losses = jax.device_get(scores(params, model_state, x, y))
+        logits.append(batch_logits[:n])
+        image_losses.append(batch_losses[:n])
+    return np.concatenate(logits), float(np.mean(np.concatenate(image_losses)))
 
 
 # ---------------------------------------------------------------- the program
@@ -170,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
             state, resumed = resume.restore(run.manager, lambda: new_state(settings, model_config, total_steps))
             print(f"resumed from {run.manager.path(resumed.step)} at step {resumed.step}")
         else:
-            state, resumed = new_state(settings, model_config, total_steps), None
+            (state, _), resumed = run.devices.build_state(lambda: new_state(settings, model_config, total_steps)), None
         size, final = model_config.image_size, model_config.final_size
         print(
             f"model: MobileNet{model_config.version.upper()} width {model_config.width_mult}, "
@@ -202,9 +212,13 @@ def train(
         max_grad_norm=settings.grad_clip or None,
         optimizer=make_optimizer(settings, settings.epochs * steps_per_epoch),
     )
-    logits_fn = lambda p, s, x: mobilenet.apply(p, x, s, model_config, train=False)[0]  # noqa: E731
+
+    def scores(params, model_state, x, y):  # (logits, per-image cross-entropy) in eval mode
+        logits = mobilenet.apply(params, x, model_state, model_config, train=False)[0]
+        return logits, losses.cross_entropy(logits, y)
+
     if settings.compile:
-        step_fn, logits_fn = jax.jit(step_fn, donate_argnums=0), jax.jit(logits_fn)
+        step_fn, scores = jax.jit(step_fn, donate_argnums=0), jax.jit(scores)
     best = resumed.metadata.get("best_test_accuracy", 0.0) if resumed else 0.0
     epoch: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # this epoch's batches, drawn at its first step
 
@@ -217,8 +231,7 @@ def train(
         return step_fn(state, (xs[i], ys[i]))
 
     def evaluate(state: optim.TrainState) -> tuple[float, float, np.ndarray]:
-        logits = predict(state.params, state.model_state, data.test_images, model_config, logits_fn)
-        loss = float(jnp.mean(losses.cross_entropy(jnp.asarray(logits), jnp.asarray(data.test_labels))))
+        logits, loss = predict(state.params, state.model_state, data.test_images, data.test_labels, scores)
         predicted = logits.argmax(-1)
         return float(np.mean(predicted == data.test_labels)), loss, predicted
 

@@ -91,12 +91,13 @@ def get_batch(data: images_lib.ImageSplits, settings: FlowSettings, step: int) -
 def new_state(settings: FlowSettings, model_config: dit.DiTConfig, ema: optim.ParamEMA) -> optim.TrainState:
     """The state before the first step: DiT's init, AdamW's state, the parameter average and the key."""
     key = jax.random.key(settings.seed)
-    params = jax.jit(dit.init, static_argnames="config")(jax.random.fold_in(key, 0), model_config)
+    params = dit.init(jax.random.fold_in(key, 0), model_config)
     return optim.init_train_state(params, make_optimizer(settings), jax.random.fold_in(key, 1), ema=ema)
 
 
 def make_sampler(model_config: dit.DiTConfig, n_steps: int):
-    """`(params, key, labels, guidance) -> images in [0, 1]`, jitted: one compilation per batch size."""
+    """`(params, seed, labels, guidance) -> images in [0, 1]`, jitted: one compilation per batch size (the key
+    is made from the seed inside, so that making it compiles nothing of its own)."""
     sample = functools.partial(
         rf.sample,
         functools.partial(dit.velocity, config=model_config),
@@ -104,7 +105,12 @@ def make_sampler(model_config: dit.DiTConfig, n_steps: int):
         shape=(model_config.input_size, model_config.input_size, model_config.in_channels),
         null_class=model_config.null_class,
     )
-    return jax.jit(lambda params, key, y, guidance: jnp.clip((sample(params, key, y, guidance=guidance) + 1) / 2, 0, 1))
+
+    def sample_images(params, seed, labels, guidance):
+        images = sample(params, jax.random.key(seed), labels, guidance=guidance)
+        return jnp.clip((images + 1) / 2, 0, 1)
+
+    return jax.jit(sample_images)
 
 
 def load_data(settings: FlowSettings, saved: dict | None) -> tuple[images_lib.ImageSplits, dit.DiTConfig, dict]:
@@ -134,7 +140,7 @@ def main(argv: list[str] | None = None) -> dict:
         if saved:
             state, resumed = resume.restore(run.manager, lambda: new_state(settings, model_config, ema))
         else:
-            state, resumed = new_state(settings, model_config, ema), None
+            (state, _), resumed = run.devices.build_state(lambda: new_state(settings, model_config, ema)), None
         checkpoint_config = run.checkpoint_config(settings, model_config, fingerprint)
         return train(run, settings, model_config, data, start.StartingPoint(state, resumed, checkpoint_config), ema)
 
@@ -160,14 +166,13 @@ def train(
     )
     step_fn = jax.jit(train_step, donate_argnums=0)
     sampler = make_sampler(model_config, settings.sample_steps)
-    grid_labels = jnp.repeat(jnp.arange(data.num_classes), data.num_classes)  # one row per class
+    grid_labels = np.repeat(np.arange(data.num_classes), data.num_classes)  # one row per class
 
     def save(state: optim.TrainState, it: int, reason: str) -> Path:
         return run.manager.save(it, state, config=checkpoint_config, metadata={"reason": reason})
 
     def sample_grid(state: optim.TrainState, it: int) -> Path | None:
-        key = jax.random.key(settings.seed + 1)
-        images = np.asarray(sampler(ema.value(state.ema), key, grid_labels, settings.sample_guidance))
+        images = np.asarray(sampler(ema.value(state.ema), settings.seed + 1, grid_labels, settings.sample_guidance))
         title = f"iter {it}, guidance {settings.sample_guidance:g}"
         return plots.save_grid(images, loop.out_dir / f"samples_{it:06d}.png", title)
 
@@ -235,8 +240,7 @@ def judge_samples(
     """`result` with the scores of `eval_per_class` samples of each class at each guidance of `eval_guidance`,
     read by an independent classifier and measured against the test digits (`sample_quality.evaluate`); the
     row written to metrics.jsonl and said."""
-    key = jax.random.key(settings.seed + 12345)
-    judge = lambda labels, guidance: sampler(params, key, labels, guidance)  # noqa: E731
+    judge = lambda labels, guidance: sampler(params, settings.seed + 12345, labels, guidance)  # noqa: E731
     result = {**result, **sample_quality.evaluate(judge, data, settings.eval_per_class, settings.guidances)}
     loop.write(**result)
     accuracies = ", ".join(f"{result[f'accuracy_g{g:g}']:.1%} at guidance {g:g}" for g in settings.guidances)

@@ -165,8 +165,11 @@ def main(argv: list[str] | None = None) -> dict:
 
         # ------------------------------------------------ state: fresh, imported, or resumed
         if saved is None:
-            fresh = new_state(settings, model_config, imported and imported[0])
-            (state, state_specs), resumed = run.devices.place(fresh, param_specs), None
+            make_state = functools.partial(new_state, settings, model_config)  # compiled once, built in place
+            (state, state_specs), resumed = (
+                run.devices.build_state(make_state, param_specs, imported and imported[0]),
+                None,
+            )
         else:
             state, state_specs, resumed = resume_state(settings, model_config, saved, run, param_specs)
         compiled = compile_step(settings, model_config, run.devices, state_specs, param_specs)

@@ -5,14 +5,13 @@ compared with metrics.jsonl, clear errors for a missing package or a malformed s
 import gzip
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import jax
 import pytest
 
+from tests.train.fresh_process import run_program
 from train import flow, gpt
 from train.kit import compile_cache, observe, resume
 from train.kit import settings as settings_lib
@@ -37,17 +36,7 @@ def rows(out_dir: Path) -> list[dict]:
 
 def run_gpt(args: list[str], cwd: Path) -> str:
     """A fresh process (JAX opens its cache once per process), with none of the test session's cache settings."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT"))}
-    proc = subprocess.run(
-        [sys.executable, "-m", "train.gpt", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        env={**env, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"},
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
+    return run_program("train.gpt", args, cwd, timeout=300)
 
 
 def test_the_second_run_compiles_nothing_and_the_profile_holds_the_steps(tmp_path, corpus):
@@ -108,8 +97,9 @@ def test_a_malformed_profile_is_a_one_line_error_naming_the_key():
 
 def test_help_lists_the_shared_settings_after_the_programs_own():
     names = [row[0] for row in settings_lib.describe(gpt.GPTSettings)]
-    assert names[0] == "out_dir" and names[-6:] == [
+    assert names[0] == "out_dir" and names[-7:] == [
         "compile_cache",
+        "log_compiles",
         "profile",
         "tensorboard",
         "wandb_log",

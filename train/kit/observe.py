@@ -12,7 +12,8 @@ them out around the shared loop (`train.kit.loop`).
 
 - the compilation cache (`compile_cache`): on from `start`; when the program ends, a line and a last row of
   metrics.jsonl (at its last iteration) say how many programs it compiled, in how many seconds, and how many
-  came from the cache;
+  came from the cache; with `--log_compiles`, a line per program follows (`compile_log`: its function, its
+  arguments' shapes, its seconds);
 - `--profile=START:STOP`: a `jax.profiler` trace of iterations START to STOP (the steps that take the state
   from iteration START to STOP) in out_dir/profile, as XProf's `.xplane.pb` and Perfetto's
   `perfetto_trace.json.gz` (docs/train-gpt.md says how to open them). The loop waits for the device before
@@ -28,7 +29,7 @@ from typing import Any
 
 import jax
 
-from train.kit import compile_cache, loggers
+from train.kit import compile_cache, compile_log, loggers
 from train.kit.metrics import MetricsLog
 from train.kit.settings import setting
 
@@ -70,6 +71,9 @@ class RunSettings:
         "~/.cache/purejax/jax (off, with a warning, if it cannot be written); 'off': none",
         check=compile_cache.resolve,
     )
+    log_compiles: bool = setting(
+        False, "after the compile summary, list every program compiled: its function, argument shapes and seconds"
+    )
     profile: str = setting(
         "",
         "START:STOP: a jax.profiler trace of those iterations (within the run) in out_dir/profile ('': none)",
@@ -91,6 +95,7 @@ class Observer:
         self.out_dir: Path | None = None
         self.main, self.window, self.cache, self.loggers = True, None, None, []
         self._counter: compile_cache.Counter | None = None
+        self._programs: compile_log.ProgramLog | None = None
         self._tracing = self._traced = False
         self.last_iter = 0  # the row of compile counts goes at the run's last iteration
 
@@ -108,6 +113,7 @@ class Observer:
             )
         self.cache = compile_cache.enable(settings.compile_cache)
         self._counter = compile_cache.Counter()
+        self._programs = compile_log.ProgramLog() if settings.log_compiles else None
         return self
 
     def log(self, row: dict[str, Any]) -> None:
@@ -154,11 +160,15 @@ class Observer:
         them to metrics.jsonl (unless the run failed: then its error is the last word), close the loggers."""
         if self._tracing:
             self._stop_trace(None)
+        programs = self._programs.stop() if self._programs is not None else None
+        self._programs = None
         if self._counter is not None:
             counts, self._counter = self._counter.stop(), None
             failed = kind is not None and not (kind is SystemExit and error.code in (0, None))
             if self.main and not failed:
                 print(counts.summary(self.cache), flush=True)
+                if programs is not None:
+                    print("\n".join(f"  {program}" for program in programs), flush=True)
                 row = {"iter": self.last_iter, **dataclasses.asdict(counts), "compile_cache": str(self.cache or "off")}
                 MetricsLog(self.out_dir / "metrics.jsonl").write(**row)
                 self.log(row)
