@@ -32,7 +32,6 @@ once, by diffusers' name.
 import json
 import os
 from collections.abc import Mapping
-from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -92,7 +91,7 @@ def table(config: dit.DiTConfig) -> tuple[Row, ...]:
 
 def expected_shapes(config: dit.DiTConfig) -> dict[str, jax.ShapeDtypeStruct]:
     """Every tensor a diffusers DiT file for `config` holds, by name, with its shape (nothing is allocated)."""
-    shapes = jax.eval_shape(partial(dit.init, config=config), jax.random.key(0))
+    shapes = jax.eval_shape(lambda: dit.init(jax.random.key(0), config))
     return weight_table.expected_shapes(table(config), shapes, config, n_layer=config.n_layer)
 
 
@@ -118,7 +117,7 @@ def to_diffusers(params: dit.Params, config: dit.DiTConfig) -> dict[str, np.ndar
     """A diffusers DiT state dict from our params: the inverse of `from_diffusers`, the embedders written
     once per block as diffusers keeps them."""
     check_representable(config, "dit_diffusers.to_diffusers")
-    expected = jax.eval_shape(partial(dit.init, config=config), jax.random.key(0))
+    expected = jax.eval_shape(lambda: dit.init(jax.random.key(0), config))
     tree_lib.assert_like(params, expected, "params", check_dtype=False)
     flat = {path: np.asarray(x) for path, x in tree_lib.flatten(params).items()}
     return weight_table.to_tensors(table(config), flat, config, n_layer=config.n_layer)

@@ -5,8 +5,6 @@ throughput, nanoGPT's `get_num_params` and `estimate_mfu`.
     gpt_flops.estimate_mfu(config, tokens_per_second, peak_flops)
 """
 
-import functools
-
 import jax
 
 from models import gpt, gpt_moe
@@ -24,7 +22,7 @@ def flops_per_token(config: GPTConfig) -> int:
     """Forward plus backward FLOPs per token, nanoGPT's estimate (PaLM paper, appendix B): 6N for the matmuls
     with the N non-embedding parameters (a token's expert_top_k experts of n_experts, with experts), plus
     12 * n_layer * n_head * head_dim * block_size for attention."""
-    shapes = jax.eval_shape(functools.partial(gpt.init, config=config), jax.random.key(0))
+    shapes = jax.eval_shape(lambda: gpt.init(jax.random.key(0), config))
     n = num_params(shapes) - gpt_moe.idle_params(shapes, config)
     return 6 * n + 12 * config.n_layer * config.n_head * (config.n_embd // config.n_head) * config.block_size
 

@@ -23,7 +23,6 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +136,7 @@ def table(config: gpt.GPTConfig) -> tuple[Row, ...]:
 
 def expected_shapes(config: gpt.GPTConfig) -> dict[str, jax.ShapeDtypeStruct]:
     """Every tensor a GPT-2 file for `config` must hold, by Hugging Face name (no prefix), with its shape."""
-    shapes = jax.eval_shape(partial(gpt.init, config=config), jax.random.key(0))
+    shapes = jax.eval_shape(lambda: gpt.init(jax.random.key(0), config))
     return weight_table.expected_shapes(table(config), shapes, config, n_layer=config.n_layer)
 
 
@@ -165,7 +164,7 @@ def from_hf(
 def to_hf(params: gpt.Params, config: gpt.GPTConfig, *, prefix: str = PREFIX) -> dict[str, np.ndarray]:
     """Hugging Face GPT-2 tensors from our params: the inverse of `from_hf` (no lm_head: it is tied)."""
     _check_exportable(config)
-    expected = jax.eval_shape(partial(gpt.init, config=config), jax.random.key(0))
+    expected = jax.eval_shape(lambda: gpt.init(jax.random.key(0), config))
     tree_lib.assert_like(params, expected, "params", check_dtype=False)
     flat = {path: np.asarray(x) for path, x in tree_lib.flatten(params).items()}
     tensors = weight_table.to_tensors(table(config), flat, config, n_layer=config.n_layer)

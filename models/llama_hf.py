@@ -29,7 +29,6 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -175,7 +174,7 @@ def config_to_hf(config: llama.LlamaConfig) -> dict[str, Any]:
 
 def expected_shapes(config: llama.LlamaConfig) -> dict[str, jax.ShapeDtypeStruct]:
     """Every tensor a Llama file for `config` must hold, by Hugging Face name, with its shape."""
-    shapes = jax.eval_shape(partial(llama.init, config=config), jax.random.key(0))
+    shapes = jax.eval_shape(lambda: llama.init(jax.random.key(0), config))
     return weight_table.expected_shapes(table(config), shapes, config, n_layer=config.n_layer)
 
 
@@ -201,7 +200,7 @@ def from_hf(
 
 def to_hf(params: llama.Params, config: llama.LlamaConfig) -> dict[str, np.ndarray]:
     """Hugging Face Llama tensors from our params, in LlamaForCausalLM's names: the inverse of `from_hf`."""
-    expected = jax.eval_shape(partial(llama.init, config=config), jax.random.key(0))
+    expected = jax.eval_shape(lambda: llama.init(jax.random.key(0), config))
     tree_lib.assert_like(params, expected, "params", check_dtype=False)
     flat = {path: np.asarray(x) for path, x in tree_lib.flatten(params).items()}
     tensors = weight_table.to_tensors(table(config), flat, config, n_layer=config.n_layer)

@@ -91,7 +91,7 @@ def table(config: mobilenet.MobileNetConfig) -> tuple[Row, ...]:
 def _shapes(config: mobilenet.MobileNetConfig) -> dict[str, Any]:
     """Our params and state for `config` as ShapeDtypeStructs, in the tree the table's paths name."""
     return {
-        "params": jax.eval_shape(partial(mobilenet.init, config=config), jax.random.key(0)),
+        "params": jax.eval_shape(lambda: mobilenet.init(jax.random.key(0), config)),
         "state": jax.eval_shape(partial(mobilenet.init_state, config)),
     }
 

@@ -24,8 +24,9 @@ Params = dict[str, Any]
 
 @functools.cache
 def param_shapes(init: Callable[..., Params], config: Any) -> Params:
-    """The params' global shapes (ShapeDtypeStructs) of `init(key, config)`, traced once per model and config."""
-    return jax.eval_shape(functools.partial(init, config=config), jax.random.key(0))
+    """The params' global shapes (ShapeDtypeStructs) of `init(key, config)`, traced once per model and config
+    (the key made inside the trace too: nothing is computed, nor compiled)."""
+    return jax.eval_shape(lambda: init(jax.random.key(0), config=config))
 
 
 def tensor_parallel_size(

@@ -38,6 +38,10 @@ def test_the_default_gpt_run_compiles_its_state_step_and_evaluation_once(tmp_pat
     args = [f"--dataset={corpus}", *SMALL_GPT, "--max_iters=6", "--eval_interval=3", "--log_interval=2"]
     names = compiled_programs("train.gpt", [*args, f"--out_dir={tmp_path / 'gpt'}"], tmp_path)
     assert names == ["new_state", "eval_loss", "train_step"]  # before the loop, at iteration 0, in the first step
+    on_mesh = compiled_programs(
+        "train.gpt", [*args, "--dp=2", "--tp=2", "--fsdp", f"--out_dir={tmp_path / 'mesh'}"], tmp_path
+    )
+    assert on_mesh == ["new_state", "eval_loss", "step"]  # the state built where it lies; the sharded step
 
 
 @pytest.mark.usefixtures("needs_sklearn")
