@@ -21,7 +21,7 @@ import jax.numpy as jnp  # noqa: E402, F401
 import optax  # noqa: E402, F401
 
 if PEER == "nnx":
-    from flax import nnx  # noqa: E402, F401
+    from flax import nnx  # noqa: F401
 
 SCAFFOLD_START = time.perf_counter()
 import numpy as np  # noqa: E402

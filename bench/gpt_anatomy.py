@@ -37,7 +37,7 @@ from functools import partial
 import jax
 import numpy as np
 
-from bench import gpt_train
+from bench import gpt_train, gpt_train_cases
 from bench.gpt_anatomy_flags import section_flags, worker
 from bench.gpt_anatomy_hlo import DUMP_FLAGS, KINDS, build_with_hlo, movement, step_dots
 from bench.gpt_anatomy_profile import profile, time_dots, torch_profile
@@ -56,7 +56,7 @@ from bench.gpt_train_nnx import make_nnx
 from bench.gpt_train_purejax import make_purejax
 from bench.gpt_train_raw import make_raw
 
-CONFIGS = tuple(n + bias for n in ("tiny", "baby", "small", "small-b16") for bias in ("", gpt_train.BIAS_SUFFIX))
+CONFIGS = tuple(n + bias for n in ("tiny", "baby", "small", "small-b16") for bias in ("", gpt_train_cases.BIAS_SUFFIX))
 SECTIONS = ("profile", "dots", "attention", "step", "remat", "flags")
 # The rematerialisation choices the remat section times on the scanned blocks (purejax/nn/remat.py's names).
 REMATS = ("block", "dots_saveable", "dots_with_no_batch_dims_saveable")

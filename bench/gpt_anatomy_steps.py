@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench import gpt_train
+from bench import gpt_train_cases
 from bench.gpt_train_nnx import nnx_model
 from bench.gpt_train_purejax import make_purejax
 from bench.gpt_train_recipe import TRAIN, xent
@@ -31,7 +31,7 @@ class Setup:
     """A config's model, the shared initial weights (purejax's layout, numpy) and the batch."""
 
     name: str
-    case: gpt_train.Case
+    case: gpt_train_cases.Case
     weights: dict
     x: np.ndarray
     y: np.ndarray
@@ -39,8 +39,8 @@ class Setup:
     @classmethod
     def make(cls, name: str) -> "Setup":
         """The setup of a gpt_train case by label: "baby", or "baby-bias" for the same model with biases."""
-        base = name.removesuffix(gpt_train.BIAS_SUFFIX)
-        case = gpt_train.cases([base], "true" if base != name else "false")[name]
+        base = name.removesuffix(gpt_train_cases.BIAS_SUFFIX)
+        case = gpt_train_cases.cases([base], "true" if base != name else "false")[name]
         config = case.model
         weights = jax.tree.map(np.asarray, gpt.init(jax.random.key(0), config))
         data = np.random.default_rng(0).integers(0, config.vocab_size, (case.batch, config.block_size + 1), np.int32)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bench import gpt_train
+from bench import gpt_train, gpt_train_cases
 from models import gpt
 from purejax.precision import Policy
 from train import gpt as train_gpt
@@ -139,7 +139,7 @@ def test_haiku_peer_starts_from_purejax_weights_and_takes_the_same_step(dtype):
     """The Haiku GPT without biases holds exactly purejax's initial weights and reports purejax's loss before and
     after one AdamW step, in float32 and in bfloat16 (what the bench checks before timing, here at a tiny size)."""
     pytest.importorskip("haiku", reason="dm-haiku is in the bench extra (pip install purejax[bench])")
-    config = gpt_train._config(2, 2, 32, 16)
+    config = gpt_train_cases.case_model(2, 2, 32, 16)
     weights = gpt_train.initial_weights(config)
     data = np.random.default_rng(0).integers(0, config.vocab_size, (4, config.block_size + 1), dtype=np.int32)
     x, y = data[:, :-1], data[:, 1:]
