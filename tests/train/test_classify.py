@@ -128,3 +128,21 @@ def test_bad_settings_fail_before_compiling(tmp_path):
         classify.main(["--widht=0.5"])
     with pytest.raises(SystemExit, match="width=0: must be > 0"):
         classify.main([f"--out_dir={tmp_path}", "--width=0"])
+
+
+def test_evaluation_pads_its_last_batch_so_every_call_has_one_shape(monkeypatch):
+    monkeypatch.setattr(classify, "EVAL_BATCH", 4)
+    rng = np.random.default_rng(0)
+    images, labels = rng.normal(size=(10, 3)).astype(np.float32), rng.integers(0, 5, 10)
+    weights, shapes = rng.normal(size=(3, 5)).astype(np.float32), []
+
+    def scores(params, model_state, x, y):  # a linear classifier's logits and per-image cross-entropy
+        shapes.append(x.shape)
+        logits = x @ params
+        return logits, -jax.nn.log_softmax(logits)[np.arange(len(y)), y]
+
+    logits, loss = classify.predict(weights, None, images, labels, scores)
+    assert shapes == [(4, 3)] * 3  # 4 + 4 + 2, the last padded
+    np.testing.assert_allclose(logits, images @ weights, rtol=1e-6)
+    expected = -np.take_along_axis(jax.nn.log_softmax(images @ weights), labels[:, None], 1).mean()
+    np.testing.assert_allclose(loss, expected, rtol=1e-6)

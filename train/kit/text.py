@@ -15,6 +15,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from models import gpt, gpt_surgery
 from purejax.parallel import distributed
 from train import data as data_lib
@@ -53,17 +55,18 @@ def estimate_loss(
     eval_loss, params, dataset: data_lib.Dataset, settings: Any, iteration: int, devices: Devices = Devices()
 ) -> dict[str, float]:
     """Mean loss over `eval_iters` batches of each split, without dropout; streams 1 and 2 of the batch
-    sampler, so the estimate never changes the training batches."""
+    sampler, so the estimate never changes the training batches. The batches are dispatched back to back and
+    their losses read once per split (summed as Python floats on the host: no program of its own to compile)."""
     out, rows = {}, devices.local_rows(settings.batch_size)
     for stream, (name, split) in enumerate((("train_loss", dataset.train), ("val_loss", dataset.val)), start=1):
-        total = 0.0
+        losses = []
         for k in range(settings.eval_iters):
             index = iteration * settings.eval_iters + k
             batch = data_lib.get_batch(
                 split, settings.batch_size, settings.block_size, settings.seed, index, stream, rows
             )
-            total += float(eval_loss(params, *devices.put_batch(batch, settings.batch_size)))
-        out[name] = total / settings.eval_iters
+            losses.append(eval_loss(params, *devices.put_batch(batch, settings.batch_size)))
+        out[name] = sum(float(loss) for loss in jax.device_get(losses)) / settings.eval_iters
     return out
 
 
