@@ -116,7 +116,7 @@ class Devices:
         """(the state that `make_state()` builds, or `make_state(params)` around given params, its specs).
 
         The state is computed by one compiled program: run op by op, an initialiser compiles a program per
-        operation and shape (48 for the default GPT, 125 for MobileNet). On a mesh the program's outputs are
+        operation and shape, dozens for a GPT or a MobileNet (docs/train-gpt.md). On a mesh the program's outputs are
         split as `parallel.state_specs` derives from `param_specs`, so each device computes only its own
         shards (a model too large for one device starts sharded) and every process its own devices'; given
         `params` (an imported model's) are placed on the mesh first. Unsharded, the specs are None."""
@@ -125,8 +125,8 @@ class Devices:
         def new_state(*inputs):  # the program's name in the compile log
             return make_state(*inputs)
 
-        # The state is computed once: on a CPU, XLA's backend optimisations would double this program's compile
-        # time (about 2 s to 1 for the default GPT, mostly its random draws) to save milliseconds of its one run.
+        # The state is computed once: on a CPU, XLA's backend optimisations would about double this program's
+        # compile time (mostly its random draws) to save milliseconds of its one run (docs/train-gpt.md).
         options = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
         if not self.sharded:
             return jax.jit(new_state, compiler_options=options)(*inputs), None
