@@ -1,6 +1,6 @@
 """What a run compiles, counted (never timed): each program in a fresh process, as a user starts it, with
 `--log_compiles` listing every program. The default GPT run compiles its state, its step and its evaluation
-and nothing op by op; classify and flow likewise, and a longer run compiles no more than a shorter one (no
+and nothing op by op; classify and flow likewise, and no program compiles again in a later epoch (no
 program per epoch, none for a last, shorter evaluation batch)."""
 
 import os
@@ -45,10 +45,11 @@ def test_the_default_gpt_run_compiles_its_state_step_and_evaluation_once(tmp_pat
 
 
 @pytest.mark.usefixtures("needs_sklearn")
-def test_classify_compiles_as_much_for_two_epochs_as_for_one(tmp_path):
-    one = compiled_programs("train.classify", [*SMALL_CLASSIFY, "--epochs=1", f"--out_dir={tmp_path / 'a'}"], tmp_path)
-    two = compiled_programs("train.classify", [*SMALL_CLASSIFY, "--epochs=2", f"--out_dir={tmp_path / 'b'}"], tmp_path)
-    assert sorted(one) == sorted(two) == ["new_state", "scores", "train_step"]
+def test_classify_compiles_each_program_once_over_two_epochs(tmp_path):
+    """Two epochs, each ending in an evaluation of 359 images, and every program compiled once: nothing grows
+    with the epochs."""
+    names = compiled_programs("train.classify", [*SMALL_CLASSIFY, "--epochs=2", f"--out_dir={tmp_path}"], tmp_path)
+    assert names == ["new_state", "train_step", "scores"]
 
 
 @pytest.mark.usefixtures("needs_sklearn")
