@@ -108,7 +108,8 @@ def predict(params, model_state, images: np.ndarray, labels: np.ndarray, scores:
     EVAL_BATCH (the padding's rows dropped), so a compiled `scores` runs one program for every batch."""
     logits, image_losses = [], []
     for i in range(0, len(images), EVAL_BATCH):
-        x, y, n = images[i : i + EVAL_BATCH], labels[i : i + EVAL_BATCH], len(images[i : i + EVAL_BATCH])
+        x, y = images[i : i + EVAL_BATCH], labels[i : i + EVAL_BATCH]
+        n = len(x)
         if n < EVAL_BATCH and len(images) > EVAL_BATCH:
             x = np.concatenate([x, np.zeros((EVAL_BATCH - n, *x.shape[1:]), x.dtype)])
             y = np.concatenate([y, np.zeros(EVAL_BATCH - n, y.dtype)])

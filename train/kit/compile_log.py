@@ -23,7 +23,8 @@ from typing import Any
 import jax
 from jax import monitoring
 
-BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"  # the same name in jax 0.10 and 0.12
+from train.kit.compile_cache import BACKEND_COMPILE
+
 # With jax_log_compiles JAX logs these at WARNING around each compilation; the first carries the shapes.
 COMPILE_CHATTER = ("Compiling ", "Finished ", "Persistent compilation cache hit", "Writing ", "Not writing ")
 SHOWN_SHAPES = 6  # per program; the rest are counted
