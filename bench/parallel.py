@@ -49,7 +49,7 @@ from bench.parallel_cases import (
 )
 from bench.parallel_theory import theory
 from bench.timing import interleaved_medians
-from models import gpt
+from models import gpt, gpt_moe
 from purejax import optim
 from purejax import tree as tree_lib
 
@@ -70,7 +70,7 @@ EXPERT_MODES = {
     "2D+EP": (4, 2, False, False, True),
     "FSDP+EP": (8, 1, True, False, True),
 }
-MOE = dataclasses.replace(CONFIG, n_experts=8)
+MOE = gpt_moe.MoEConfig(**dataclasses.asdict(CONFIG), n_experts=8)
 STEP_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all")
 TABLES = ("modes", "sequence", "context", "pipeline", "memory", "dp2")
 

@@ -55,7 +55,7 @@ from functools import partial
 import jax
 import numpy as np
 
-from models import gpt
+from models import gpt, gpt_moe
 from purejax import parallel
 from purejax import tree as tree_lib
 from purejax.nn import moe
@@ -73,7 +73,8 @@ def theory(
     n_tokens = batch // dp * config.block_size
     a = n_tokens * config.n_embd
     slots = 0  # a MoE layer's (E, C, d) slots
-    if config.n_experts:
+    experts = gpt_moe.n_experts(config)
+    if experts:
         slots = (
             config.n_embd
             * config.n_experts
@@ -88,7 +89,7 @@ def theory(
     }
     if tp > 1:
         # per block, forward and backward, attention's psum and the MLP's (on the slots with experts)
-        activations = config.n_layer * (2 * a + 2 * (slots if config.n_experts else a)) + 2 * a
+        activations = config.n_layer * (2 * a + 2 * (slots if experts else a)) + 2 * a
         out["all-reduce"] += 3 * n_tokens + (0 if sp else activations)
         if sp:  # each all-reduce now a reduce-scatter and an all-gather; the params outside the regions see
             # a slice of the sequence: their gradients summed over the model axis
@@ -105,7 +106,7 @@ def theory(
         out["reduce-scatter"] += sum(split.values()) // dp
         if fsdp and tp > 1:  # the backward pass recomputes each block: its attention all-reduce again
             out["all-reduce"] += config.n_layer * a
-        if config.n_experts:  # the routing's expert counts and probabilities, and the token count (once); the
+        if experts:  # the routing's expert counts and probabilities, and the token count (once); the
             # block recomputed under FSDP sums the counts again (the load-balancing loss's gradient needs them)
             out["all-reduce"] += config.n_layer * (3 if fsdp else 2) * config.n_experts + 1
         if ep:  # the slots to the experts and back, forward and backward (and the recomputed forward's, FSDP)

@@ -24,7 +24,6 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Integer, PRNGKeyArray
 
-from models import gpt_moe
 from purejax import losses
 from purejax import random as prandom
 from purejax import tree as tree_lib
@@ -49,7 +48,9 @@ class GPTConfig:
         layers: "scan", "loop" or "auto" (a loop over shallow stacks, else a scan): `stack.run`, `stack.resolve`.
         remat: "none", "block" or a policy: what each block keeps for the backward pass (purejax/nn/remat.py).
         attention_impl: passed to `purejax.nn.attention` ("auto", "fused" or "einsum").
-        n_experts, expert_top_k, capacity_factor, moe_aux_weight: experts in the MLP's place (gpt_moe.py).
+
+    The block's feed-forward is the config's choice (`init_feed_forward`, `feed_forward`): here the dense MLP;
+    `gpt_moe.MoEConfig`, a GPTConfig with four more fields, puts a mixture of experts in its place.
     """
 
     block_size: int = 1024
@@ -63,10 +64,6 @@ class GPTConfig:
     layers: stack.Mode = "auto"
     attention_impl: attention.Impl = "auto"
     remat: str = "none"
-    n_experts: int = 0
-    expert_top_k: int = 2
-    capacity_factor: float = 1.25
-    moe_aux_weight: float = 0.01
 
     def __post_init__(self):
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -84,7 +81,6 @@ class GPTConfig:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"GPTConfig: {name} must be one of {allowed}, got {getattr(self, name)!r}")
         self.attention  # noqa: B018 - builds the AttentionConfig, so its errors (impl, dropout) surface here
-        gpt_moe.check_config(self)
 
     @property
     def attention(self) -> attention.AttentionConfig:
@@ -96,6 +92,25 @@ class GPTConfig:
     def activation(self) -> Callable[[Array], Array]:
         """The MLP's GELU, as `gelu` names it."""
         return activations.gelu if self.gelu == "exact" else activations.gelu_tanh
+
+    def init_feed_forward(
+        self, key: PRNGKeyArray, *, w_init: initializers.Initializer, proj_init: initializers.Initializer
+    ) -> Params:
+        """The block's feed-forward params under their name in the block: {"mlp": n_embd -> 4 n_embd -> n_embd}."""
+        d = self.n_embd
+        return {"mlp": mlp.init(key, d, 4 * d, bias=self.bias, w_init=w_init, proj_init=proj_init)}
+
+    def feed_forward(
+        self,
+        params: Params,
+        h: Float[Array, "batch seq d_model"],
+        *,
+        key: PRNGKeyArray | None = None,
+        axis_name: str | None = None,
+    ) -> Float[Array, "batch seq d_model"]:
+        """The block's feed-forward on `h` (the block's params in): its MLP, then dropout (with a key)."""
+        activation, rate = self.activation, self.dropout
+        return mlp.apply(params["mlp"], h, activation=activation, dropout=rate, key=key, axis_name=axis_name)
 
 
 def init(key: PRNGKeyArray, config: GPTConfig) -> Params:
@@ -109,15 +124,11 @@ def init(key: PRNGKeyArray, config: GPTConfig) -> Params:
 
     def block_init(key):
         keys = prandom.named_keys(key, "attn", "mlp")
-        if config.n_experts:  # a mixture of experts in place of the MLP (gpt_moe.py)
-            ffn = {"moe": gpt_moe.init(keys["mlp"], config, w_init=normal, proj_init=residual)}
-        else:
-            ffn = {"mlp": mlp.init(keys["mlp"], d, 4 * d, bias=config.bias, w_init=normal, proj_init=residual)}
         return {
             "ln_1": layer_norm.init(None, d, bias=config.bias),
             "attn": attention.init(keys["attn"], config.attention, w_init=normal, proj_init=residual),
             "ln_2": layer_norm.init(None, d, bias=config.bias),
-            **ffn,
+            **config.init_feed_forward(keys["mlp"], w_init=normal, proj_init=residual),
         }
 
     return {
@@ -142,15 +153,6 @@ def embed(
     return dropout.apply(x, rate=config.dropout, key=key)
 
 
-def feed_forward(
-    params: Params, h: Float[Array, "batch seq d_model"], config: GPTConfig, **kwargs: Any
-) -> Float[Array, "batch seq d_model"]:
-    """The block's MLP, then dropout; or the mixture of experts in its place when the block holds one."""
-    if "moe" in params:
-        return gpt_moe.feed_forward(params["moe"], h, config, **kwargs)
-    return mlp.apply(params["mlp"], h, activation=config.activation, dropout=config.dropout, **kwargs)
-
-
 def block(
     params: Params,
     x: Float[Array, "batch seq d_model"],
@@ -159,16 +161,17 @@ def block(
     key: PRNGKeyArray | None = None,
     axis_name: str | None = None,
     attend: Callable[..., Array] = attention.apply,
-    feed_forward: Callable[..., Array] = feed_forward,
+    feed_forward: Callable[..., Array] | None = None,
 ) -> Float[Array, "batch seq d_model"]:
     """One pre-LayerNorm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)). Under tensor parallelism
     x is replicated over `axis_name`; attention and the MLP each end with one psum over it. A variant passes
-    its own sublayers, called as `attention.apply` and `feed_forward` are (gpt_parallel: ring, sequence)."""
+    its own sublayers, called as `attention.apply` and `config.feed_forward` are (gpt_parallel: ring, sequence)."""
     keys = prandom.named_keys(key, "attn", "mlp") if key is not None else {"attn": None, "mlp": None}
+    feed_forward = config.feed_forward if feed_forward is None else feed_forward
     h = layer_norm.apply(params["ln_1"], x)
     x = x + attend(params["attn"], h, config.attention, key=keys["attn"], axis_name=axis_name)
     h = layer_norm.apply(params["ln_2"], x)
-    return x + feed_forward(params, h, config, key=keys["mlp"], axis_name=axis_name)
+    return x + feed_forward(params, h, key=keys["mlp"], axis_name=axis_name)
 
 
 def hidden(
@@ -217,8 +220,7 @@ def loss(
     axis_name: str | None = None,
 ) -> Float[Array, ""]:
     """Mean next-token cross-entropy of `(idx, targets)`, in float32; targets of -1 are ignored and not
-    counted (nanoGPT's `ignore_index=-1`). With `axis_name`, from the vocab-parallel logits, never gathered.
-    (A mixture of experts' load-balancing term is added by `gpt_parallel.loss`, which reads its statistics.)"""
+    counted (nanoGPT's `ignore_index=-1`). With `axis_name`, from the vocab-parallel logits, never gathered."""
     logits = apply(params, batch[0], config, key=key, axis_name=axis_name)
     per_token = losses.cross_entropy(logits, batch[1], ignore_index=-1, axis_name=axis_name)
     return losses.masked_mean(per_token, jnp.asarray(batch[1]) != -1)

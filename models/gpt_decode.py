@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Int, Integer, PRNGKeyArray
 
-from models import gpt, kv_cache
+from models import gpt, gpt_moe, kv_cache
 from models.gpt import GPTConfig, Params
 from purejax import sampling
 from purejax.nn import attention, embedding, layer_norm, linear, stack
@@ -88,7 +88,7 @@ def _hidden(params: Params, blocks: list, cache: Cache, idx: Array, lengths: Arr
         q, k_new, v_new = attention.qkv_heads(p["attn"], layer_norm.apply(p["ln_1"], x), config.attention)
         out, kv = cached_attention(q, k_new, v_new, {"k": k, "v": v}, cache["index"])
         x = x + linear.apply(p["attn"]["proj"], out.reshape(batch, seq, -1))
-        x = x + gpt.feed_forward(p, layer_norm.apply(p["ln_2"], x), no_capacity(config))
+        x = x + no_capacity(config).feed_forward(p, layer_norm.apply(p["ln_2"], x))
         new["k"].append(kv["k"])
         new["v"].append(kv["v"])
     # A row whose write ran past the cache had it shifted back into place, over its earlier keys: NaN, not wrong.
@@ -99,7 +99,7 @@ def _hidden(params: Params, blocks: list, cache: Cache, idx: Array, lengths: Arr
 def no_capacity(config: GPTConfig) -> GPTConfig:
     """`config` with a mixture of experts' capacity lifted, so that a decoded token is never dropped (a dense
     config unchanged)."""
-    return dataclasses.replace(config, capacity_factor=0.0) if config.n_experts else config
+    return dataclasses.replace(config, capacity_factor=0.0) if gpt_moe.n_experts(config) else config
 
 
 def generate(

@@ -121,7 +121,7 @@ def loss(
     """`gpt.loss` over the whole batch, every data shard's rows together: the sum of the token losses and
     their count are psummed over `axes.data` (and `axes.context`) before dividing, so a shard with more
     ignored targets (-1) weighs less, as on one device. The same value on every device. With experts
-    (n_experts > 0), plus the weighted load-balancing loss: `loss_and_metrics`'s loss."""
+    (a `gpt_moe.MoEConfig`), plus the weighted load-balancing loss: `loss_and_metrics`'s loss."""
     return loss_and_metrics(params, batch, config, key=key, axes=axes)[0]
 
 
@@ -196,7 +196,7 @@ def _hidden(
         x, stats = gpt_moe.block(p, carry[0], config, key=key, axis_name=axis_name, moe_axes=moe_axes)
         return x, jax.tree.map(jnp.add, carry[1], stats)
 
-    if not config.n_experts:
+    if not gpt_moe.n_experts(config):
         return layer_norm.apply(params["ln_f"], _run(dense_layer, params, x, config, keys["blocks"], wrap)), {}
     x, stats = _run(experts_layer, params, (x, gpt_moe.no_stats(config)), config, keys["blocks"], wrap)
     return layer_norm.apply(params["ln_f"], x), stats
@@ -265,7 +265,7 @@ def _sequence_hidden(
     idx = jnp.asarray(idx)
     gpt.check_inputs(params, idx, config, axis_name=axis)
     sequence.check_length(idx.shape[1], axis)
-    if config.n_experts:
+    if gpt_moe.n_experts(config):
         raise ValueError(f"gpt: sequence parallelism has the dense MLP only, but n_experts={config.n_experts}")
     keys = _dropout_keys(key, config)
     positions = sequence.local_slice(jnp.arange(idx.shape[1]), axis, axis=0)
@@ -274,14 +274,15 @@ def _sequence_hidden(
     x = sequence.local_dropout(x, rate=config.dropout, key=keys["embd"], axis_name=axis)
 
     def layer(p, x, key):  # the block on this device's slice: both sublayers gather before, scatter after
-        return gpt.block(p, x, config, key=key, axis_name=axis, attend=sequence.attention, feed_forward=_sequence_mlp)
+        mlp = functools.partial(_sequence_mlp, config=config)
+        return gpt.block(p, x, config, key=key, axis_name=axis, attend=sequence.attention, feed_forward=mlp)
 
     x = _run(layer, params, x, config, keys["blocks"], wrap)
     return sequence.gather(layer_norm.apply(params["ln_f"], x), axis)
 
 
-def _sequence_mlp(p: Params, h: Array, config: GPTConfig, *, key: Any = None, axis_name: str) -> Array:
-    """The block's MLP (`gpt.feed_forward`) on this device's slice of the sequence (`sequence.mlp`)."""
+def _sequence_mlp(p: Params, h: Array, *, config: GPTConfig, key: Any = None, axis_name: str) -> Array:
+    """The block's MLP (`GPTConfig.feed_forward`) on this device's slice of the sequence (`sequence.mlp`)."""
     return sequence.mlp(p["mlp"], h, activation=config.activation, dropout=config.dropout, key=key, axis_name=axis_name)
 
 

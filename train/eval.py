@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models import gpt
+from models import gpt, gpt_moe
 from purejax import checkpoint
 from train import perplexity
 from train.data import load_tokenizer
@@ -88,7 +88,7 @@ def open_model(path: str, step: int | None) -> Model:
     else:
         try:
             params, info = checkpoint.restore(where, subtree="params")
-            config = gpt.GPTConfig(**info.config["model"])
+            config = gpt_moe.gpt_config(info.config["model"])
         except (checkpoint.CheckpointError, KeyError, TypeError, ValueError) as e:
             raise SystemExit(f"error: {path} is not a train.gpt checkpoint with a GPT config: {e}") from None
     folder = where if where.is_dir() else where.parent

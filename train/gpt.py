@@ -35,7 +35,7 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding
 
-from models import gpt, gpt_flops
+from models import gpt, gpt_flops, gpt_moe
 from purejax import checkpoint, optim, parallel
 from train import data as data_lib
 from train.gpt_settings import GPTSettings
@@ -95,7 +95,7 @@ def choose_model(
     try:
         if saved is not None:  # how it trains is this run's, not what it is
             how = {"dropout": settings.dropout, "layers": settings.layers, "remat": settings.remat}
-            model_config = gpt.GPTConfig(**{**saved["model"], **how})
+            model_config = gpt_moe.gpt_config({**saved["model"], **how})
         else:
             model_config = imported or settings.model_config(vocab_size)
         if vocab_size > model_config.vocab_size:

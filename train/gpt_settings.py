@@ -8,7 +8,7 @@ from typing import Literal
 
 import jax
 
-from models import gpt
+from models import gpt, gpt_moe
 from purejax.nn import remat as remat_lib
 from purejax.precision import resolve_compute_dtype
 from train.kit import settings as settings_lib
@@ -243,9 +243,11 @@ class GPTSettings(TrainSettings):
         to a multiple of tp (its rows are split over the tp devices), as nanoGPT pads GPT-2's to 50304. The
         padding ids never occur in the data; their logits only learn to stay low."""
         vocab_size = -(-vocab_size // self.tp) * self.tp
-        fields = {f.name for f in dataclasses.fields(gpt.GPTConfig)} - {"vocab_size"}
+        fields = {f.name for f in dataclasses.fields(gpt_moe.MoEConfig)} - {"vocab_size"}
         try:
-            return gpt.GPTConfig(vocab_size=vocab_size, **{k: getattr(self, k) for k in fields if hasattr(self, k)})
+            return gpt_moe.gpt_config(
+                {"vocab_size": vocab_size, **{k: getattr(self, k) for k in fields if hasattr(self, k)}}
+            )
         except ValueError as e:
             raise settings_lib.ConfigError(str(e)) from None
 

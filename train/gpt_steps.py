@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from models import gpt, gpt_parallel, gpt_pipeline
+from models import gpt, gpt_moe, gpt_parallel, gpt_pipeline
 from purejax import optim
 from purejax.parallel import MeshAxes, pipeline, pipeline_schedules
 from purejax.precision import Policy, with_policy
@@ -154,7 +154,8 @@ def compile_step(
         step_fn = functools.partial(optim.train_step, **step_kwargs)
 
     def loss(params, batch, axes):  # the cross-entropy alone: a mixture of experts' aux term weighted 0
-        evaluated = dataclasses.replace(model_config, moe_aux_weight=0.0)
+        moe = gpt_moe.n_experts(model_config)
+        evaluated = dataclasses.replace(model_config, moe_aux_weight=0.0) if moe else model_config
         return with_policy(model_loss(evaluated, axes, table), policy)(params, batch)
 
     return step_fn, devices.evaluate(loss, param_specs)

@@ -102,14 +102,14 @@ def main(out: str) -> None:
     # run-time shape checks, as in the test process (tests/conftest.py)
     install_import_hook(["purejax"], "beartype.beartype(conf=beartype.BeartypeConf(is_pep484_tower=True))")
     from bench import parallel_cases as bench
-    from models import gpt
+    from models import gpt, gpt_moe
 
     def config(n_layer, n_head, n_embd, block_size, vocab_size):
         return gpt.GPTConfig(
             block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd
         )
 
-    moe = dataclasses.replace(config(*TINY), n_experts=N_EXPERTS)
+    moe = gpt_moe.MoEConfig(**dataclasses.asdict(config(*TINY)), n_experts=N_EXPERTS)
     results = {
         "steps": bench.step_rows(config(*TINY), STEP_BATCH, SEQUENCE_MODES)
         + bench.step_rows(moe, STEP_BATCH, EXPERT_MODES),

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import gpt, gpt_decode
+from models import gpt, gpt_decode, gpt_moe
 from purejax import sampling
 from tests.models.test_gpt import CONFIG, LOOP, B, apply, make_params, tokens
 
@@ -45,7 +45,7 @@ def test_cached_decoding_equals_the_full_forward(config):
 
 
 def test_a_mixture_of_experts_decodes_as_its_full_forward_without_a_capacity():
-    config = dataclasses.replace(CONFIG, n_experts=4, expert_top_k=2, capacity_factor=0.5)  # drops in training
+    config = gpt_moe.MoEConfig(**dataclasses.asdict(CONFIG), n_experts=4, capacity_factor=0.5)  # drops in training
     params = gpt.init(jax.random.key(3), config)
     params["blocks"]["moe"]["router"] = jax.tree.map(lambda w: 50.0 * w, params["blocks"]["moe"]["router"])
     idx = tokens((B, 8))

@@ -1,4 +1,4 @@
-"""The GPT with a mixture of experts in its MLPs (GPTConfig.n_experts > 0, models/gpt_moe.py).
+"""The GPT with a mixture of experts in its MLPs (gpt_moe.MoEConfig, models/gpt_moe.py).
 
 The independent reference: experts that are all copies of one dense MLP, each token to 2 of them with gates
 that sum to 1 and nothing dropped, compute exactly the dense GPT; the loss adds moe_aux_weight times the
@@ -24,7 +24,7 @@ from train.gpt import GPTSettings
 from train.kit.settings import ConfigError
 
 DENSE = gpt.GPTConfig(block_size=8, vocab_size=32, n_layer=3, n_head=2, n_embd=16)
-MOE = dataclasses.replace(DENSE, n_experts=4, expert_top_k=2, capacity_factor=0.0, moe_aux_weight=0.1)
+MOE = gpt_moe.MoEConfig(**dataclasses.asdict(DENSE), n_experts=4, capacity_factor=0.0, moe_aux_weight=0.1)
 
 
 def random_params(config, seed=0):
@@ -131,10 +131,29 @@ def test_the_params_hold_a_router_and_stacked_experts_in_place_of_the_mlp():
     assert gpt_moe.no_stats(DENSE) == {}
 
 
+def test_the_dense_gpt_knows_nothing_of_experts_and_saved_configs_read_back_as_their_class():
+    """gpt.py imports no gpt_moe (the config chooses the feed-forward); a checkpoint's config["model"] reads
+    back as the class it was saved from, and a dense config saved with the experts' fields at n_experts=0 (as
+    checkpoints written before MoEConfig hold) as a GPTConfig."""
+    assert not hasattr(gpt, "gpt_moe") and not any(f.name == "n_experts" for f in dataclasses.fields(DENSE))
+    assert gpt_moe.gpt_config(dataclasses.asdict(MOE)) == MOE
+    assert gpt_moe.gpt_config(dataclasses.asdict(DENSE)) == DENSE
+    old = {
+        **dataclasses.asdict(DENSE),
+        "n_experts": 0,
+        "expert_top_k": 2,
+        "capacity_factor": 1.25,
+        "moe_aux_weight": 0.01,
+    }
+    assert type(gpt_moe.gpt_config(old)) is gpt.GPTConfig and gpt_moe.gpt_config(old) == DENSE
+    with pytest.raises(TypeError, match="a GPT config is a mapping of its fields, got None"):
+        gpt_moe.gpt_config(None)
+
+
 @pytest.mark.parametrize(
     "changes, message",
     [
-        (dict(n_experts=1), "n_experts must be 0 \\(a dense MLP\\) or an int >= 2"),
+        (dict(n_experts=1), "MoEConfig: n_experts must be an int >= 2 \\(a dense MLP: gpt.GPTConfig\\)"),
         (dict(n_experts=4, expert_top_k=5), "expert_top_k must be an int in \\[1, n_experts=4\\]"),
         (dict(n_experts=4, capacity_factor=-1.0), "capacity_factor must be a number >= 0"),
         (dict(n_experts=4, moe_aux_weight=-0.1), "moe_aux_weight must be a number >= 0"),
@@ -142,7 +161,7 @@ def test_the_params_hold_a_router_and_stacked_experts_in_place_of_the_mlp():
 )
 def test_bad_moe_configs_are_refused(changes, message):
     with pytest.raises(ValueError, match=message):
-        dataclasses.replace(DENSE, **changes)
+        dataclasses.replace(MOE, **changes)
 
 
 @pytest.mark.parametrize(

@@ -84,12 +84,15 @@ def test_after_one_process_is_preempted_the_resumed_run_is_bit_exact(tmp_path, c
     """The pod's case: the notice reaches process 1 alone, which neither logs nor writes files."""
     args = [*COMMON, f"--dataset={corpus}", "--dropout=0.1"]
     stopped_at = preempt(tmp_path, 2, [1], args, port=23451)
-    resumed = finish_all(start_processes(2, [*args, "--out_dir=stopped", "--init_from=resume"], tmp_path, 23452))
+    end = [f"--max_iters={stopped_at + 10}"]  # ten steps past the stop (the schedule is lr_decay_iters', not this)
+    resumed = start_processes(2, [*args, *end, "--out_dir=stopped", "--init_from=resume"], tmp_path, 23452)
+    resumed = finish_all(resumed)
     assert [status for status, _ in resumed] == [0, 0] and f"at iter {stopped_at}" in resumed[0][1], resumed
-    straight = finish_all(start_processes(2, [*args, "--out_dir=straight"], tmp_path, 23453))
+    straight = finish_all(start_processes(2, [*args, *end, "--out_dir=straight"], tmp_path, 23453))
     assert [status for status, _ in straight] == [0, 0], straight
     for a, b in zip(
-        _leaves(final_state(tmp_path / "straight", ITERS)), _leaves(final_state(tmp_path / "stopped", ITERS))
+        _leaves(final_state(tmp_path / "straight", stopped_at + 10)),
+        _leaves(final_state(tmp_path / "stopped", stopped_at + 10)),
     ):
         np.testing.assert_array_equal(a, b)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from models import gpt
+from models import gpt, gpt_moe
 from purejax import checkpoint
 
 FAMILIES = {"gpt2": "gpt_hf", "llama": "llama_hf"}  # a config.json's model_type -> the models module that reads it
@@ -34,7 +34,7 @@ def load_model(out_dir: str | Path, step: int | None = None) -> tuple[dict, gpt.
         ) from None
     model = info.config.get("model") if isinstance(info.config, dict) else None
     try:
-        config = gpt.GPTConfig(**model)
+        config = gpt_moe.gpt_config(model)
     except (TypeError, ValueError) as e:
         raise SystemExit(
             f"error: {info.path} has no GPT config (its config['model'] is {model!r}: {e}); "

@@ -26,14 +26,14 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from models import gpt, gpt_parallel  # noqa: E402
+from models import gpt, gpt_moe, gpt_parallel  # noqa: E402
 from purejax import optim, parallel  # noqa: E402
 from purejax import tree as tree_lib  # noqa: E402
 from purejax.nn import moe  # noqa: E402
 from tests.purejax.parallel.hlo import executed_collectives  # noqa: E402
 
 D, FF, E, N = 8, 12, 8, 8  # width, hidden, experts, devices
-CONFIG = gpt.GPTConfig(
+CONFIG = gpt_moe.MoEConfig(
     block_size=8,
     vocab_size=32,
     n_layer=2,
@@ -158,7 +158,7 @@ def errors() -> dict:
     out = {}
     cases = {
         "experts_not_divisible": (dataclasses.replace(CONFIG, n_experts=6), dict(ep=True)),
-        "ep_without_experts": (dataclasses.replace(CONFIG, n_experts=0), dict(ep=True)),
+        "ep_without_experts": (gpt_moe.gpt_config({**dataclasses.asdict(CONFIG), "n_experts": 0}), dict(ep=True)),
         "experts_with_context": (CONFIG, dict(cp=2)),
     }
     for name, (config, kwargs) in cases.items():

@@ -75,7 +75,7 @@ def test_fsdp_x_ep_gathers_every_matrix_but_the_experts(results):
     "name, message",
     [
         ("experts_not_divisible", "n_experts=6 cannot be split over the 8 devices of data axis 'data'"),
-        ("ep_without_experts", "n_experts=0 \\(dense MLPs\\); set n_experts > 0 or drop ep"),
+        ("ep_without_experts", "the config is a dense GPTConfig; give a gpt_moe.MoEConfig \\(n_experts > 0\\)"),
         ("experts_with_context", "runs under data, tensor and expert parallelism only, not with context"),
     ],
 )
