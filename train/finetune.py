@@ -6,7 +6,9 @@
     python -m train.finetune --help                                    # every setting
 
 The run evaluates the base before the first step (B = 0, so base + adapters is the base exactly), trains the
-adapters on any text through the text programs' data path (`--dataset`, `--tokenizer`), evaluates every
+adapters on any text through the text programs' data path (`--dataset`; the text tokenized with the base's
+own tokenizer when its directory holds one, tokenizer.json or GPT-2's vocab.json + merges.txt, else with
+`--tokenizer`'s), evaluates every
 eval_interval steps, and at the end writes the adapters alone (`adapters.msgpack`, `lora.load` reads it),
 optionally the merged model as a Hugging Face directory (`--merge_into`), and samples from the result.
 
@@ -152,10 +154,12 @@ def main(argv: list[str] | None = None) -> dict:
         model_config = base.model_config
         check_base(model_config, saved, base_dir)
         models.check_settings(settings, base)  # the rank against the base's widths, --merge_into: before any work
-        data, fingerprint = text.open_data(settings, run.devices, saved)
+        # the base's own tokenizer when its directory holds one (as it was trained), else --tokenizer's
+        tokenizer = text.resumed_tokenizer(run.out_dir, saved) if saved else text.model_tokenizer(base_dir)
+        data, fingerprint = text.open_data(settings, run.devices, saved, tokenizer)
         if data.tokenizer.vocab_size > model_config.vocab_size:
             raise SystemExit(
-                f"error: the {settings.tokenizer} tokenizer has {data.tokenizer.vocab_size} ids, but the "
+                f"error: the {data.tokenizer.kind} tokenizer has {data.tokenizer.vocab_size} ids, but the "
                 f"base model only {model_config.vocab_size}"
             )
         data.tokenizer.save(run.out_dir / "tokenizer.json")
@@ -258,7 +262,7 @@ def sample(settings: FinetuneSettings, params: dict, model_config: Any, tokenize
     try:
         ids = np.asarray(tokenizer.encode(settings.start), np.int32)
     except ValueError as e:
-        raise SystemExit(f"error: --start cannot be encoded with the {settings.tokenizer} tokenizer: {e}") from None
+        raise SystemExit(f"error: --start cannot be encoded with the {tokenizer.kind} tokenizer: {e}") from None
     if len(ids) == 0:
         raise SystemExit("error: --start is empty; give at least one character to sample from")
     prompt = jnp.asarray(np.tile(ids, (settings.num_samples, 1)))

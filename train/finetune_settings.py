@@ -34,7 +34,9 @@ class FinetuneSettings(TrainSettings):
     # data
     dataset: str = setting("stdlib", "a prepared directory, a name under data/, or any text file or directory")
     tokenizer: Literal["char", "byte"] = setting(
-        "byte", "one id per UTF-8 byte (the same ids on any text), or per character of this corpus"
+        "byte",
+        "one id per UTF-8 byte (the same ids on any text), or per character of this corpus (unless init_from "
+        "has a tokenizer: then its own)",
     )
     batch_size: int = inherited(TrainSettings, "batch_size", 8)
     block_size: int = setting(64, "context length in tokens (the base's positions are cropped to it)", at_least=1)

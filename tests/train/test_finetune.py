@@ -153,14 +153,18 @@ def test_bad_settings_fail_before_training(finetuned, base_dir, texts, tmp_path,
         finetune.check_base(dataclasses.replace(BASE, n_embd=64), {"model": dataclasses.asdict(BASE)}, "somewhere")
 
 
-def test_a_llama_base(texts, tmp_path, monkeypatch):
-    """A Llama directory (llama_hf's layout) fine-tunes, samples and exports the same way: the merged export is
-    the base plus the adapters (GPT's test above compares the logits)."""
+def test_a_llama_base_with_its_tokenizer(texts, tmp_path, monkeypatch):
+    """A Llama directory (llama_hf's layout, with a tokenizer.json) fine-tunes on text tokenized by its own BPE,
+    copied into out_dir and named by the checkpoint's fingerprint; it samples text and exports the same way:
+    the merged export is the base plus the adapters (GPT's test above compares the logits)."""
     from models import llama, llama_hf
+    from train import data as data_lib
 
-    config = llama.LlamaConfig(vocab_size=256, n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_ff=64, max_seq_len=64)
+    config = llama.LlamaConfig(vocab_size=320, n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_ff=64, max_seq_len=64)
     base = jax.jit(llama.init, static_argnums=1)(jax.random.key(0), config)
     llama_hf.save(base, config, tmp_path / "llama")
+    own = data_lib.train_bpe(texts[1].read_text()[:20_000], vocab_size=300)
+    own.save(tmp_path / "llama" / "tokenizer.json")
     monkeypatch.chdir(tmp_path)
     settings = [
         "--max_iters=4",
@@ -171,7 +175,10 @@ def test_a_llama_base(texts, tmp_path, monkeypatch):
         "--max_new_tokens=4",
     ]
     result = run(tmp_path / "out", tmp_path / "llama", texts[1], *settings, f"--merge_into={tmp_path / 'merged'}")
-    assert len(result["samples"][0].encode()) >= 5 and result["iter"] == 4
+    assert result["samples"][0].startswith("\n") and len(result["samples"][0]) >= 5 and result["iter"] == 4
+    assert data_lib.load_tokenizer(tmp_path / "out" / "tokenizer.json").to_json() == own.to_json()
+    recorded = checkpoint.restore(checkpoint.CheckpointManager(tmp_path / "out").path(4))[1].config["data"]
+    assert recorded["tokenizer"]["kind"] == "bpe", recorded
     adapters, lora_config = lora.load(result["adapters"])
     assert set(adapters["blocks"]["mlp"]) == {"gate", "up", "down"}  # blocks.mlp.*.w: Llama's three
     merged, merged_config = llama_hf.load(tmp_path / "merged")
