@@ -36,7 +36,7 @@ from models import gpt, gpt_moe
 from purejax import checkpoint
 from train import perplexity
 from train.data import load_tokenizer
-from train.data.prepare import DTYPE
+from train.data.dataset import token_file_dtype
 from train.kit import settings as settings_lib
 from train.kit.settings import setting
 from train.kit.trained import FAMILIES, load_model
@@ -150,12 +150,17 @@ def read_text_ids(text_file: str, model: Model) -> np.ndarray:
 
 
 def read_ids(ids_file: str) -> np.ndarray:
-    """Token ids from a 1-D integer `.npy`, or a prepared dataset's `.bin` (little-endian uint16, train.data)."""
+    """Token ids from a 1-D integer `.npy`, or a prepared dataset's `.bin` (train.data: little-endian uint16, or
+    the dtype its meta.json beside it names)."""
     path = Path(ids_file)
     if not path.is_file():
         raise SystemExit(f"error: --ids={ids_file!r}: no such file")
     if path.suffix == ".bin":
-        return np.fromfile(path, dtype=DTYPE).astype(np.int64)
+        meta = json.loads(path.with_name("meta.json").read_text()) if path.with_name("meta.json").is_file() else {}
+        try:
+            return np.fromfile(path, dtype=token_file_dtype(meta, path.parent)).astype(np.int64)
+        except ValueError as e:
+            raise SystemExit(f"error: --ids={ids_file!r}: {e}") from None
     if path.suffix != ".npy":
         raise SystemExit(f"error: --ids={ids_file!r}: expected a .npy file or a prepared dataset's .bin file")
     try:

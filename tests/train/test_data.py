@@ -130,12 +130,23 @@ def test_missing_input_error_names_the_path(tmp_path, capsys):
     assert str(tmp_path / "nope.txt") in message and "does not exist" in message
 
 
-def test_char_vocabulary_over_uint16_is_refused(tmp_path, capsys):
-    # 65,537 distinct characters (skipping the surrogates, which UTF-8 cannot hold): one id too many.
+def test_a_vocabulary_past_uint16_is_written_in_uint32_and_reads_back(tmp_path):
+    """65,537 distinct characters (skipping the surrogates, which UTF-8 cannot hold): one id past what uint16
+    holds, so both token files are uint32, 4 bytes a token, as meta.json says; train.eval's --ids reads them too."""
+    from train import eval as eval_program
+
     chars = [chr(c) for c in range(0x20, 0x20 + 65537 + 2048) if not 0xD800 <= c <= 0xDFFF][:65537]
-    (tmp_path / "wide.txt").write_text("".join(chars), encoding="utf-8")
-    message = cli_error(capsys, "--input", str(tmp_path / "wide.txt"), "--out_dir", str(tmp_path / "o"))
-    assert "65,537 distinct characters" in message and "--tokenizer byte" in message
+    out, meta = prepared(tmp_path, text="".join(chars))
+    data = open_dataset(out)
+    assert meta["dtype"] == "uint32 little-endian" and meta["vocab_size"] == 65537
+    assert data.train.dtype == np.uint32 and (out / "val.bin").stat().st_size == 4 * meta["val_tokens"]
+    assert data.tokenizer.decode(np.concatenate([data.train, data.val])) == "".join(chars)
+    assert int(np.concatenate([data.train, data.val]).max()) == 65536
+    np.testing.assert_array_equal(eval_program.read_ids(str(out / "val.bin")), data.val)
+    meta["dtype"] = "int8"
+    (out / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="names token dtype 'int8'; known: uint16 little-endian, uint32"):
+        open_dataset(out)
 
 
 def test_open_dataset_errors(tmp_path):

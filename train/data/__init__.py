@@ -10,7 +10,8 @@ The pieces, in the order data flows through them (one file each):
 - `tokenizers`: character-level and byte-level tokenizers, saved as JSON;
 - `bpe` (with `bpe_split`, `bpe_files`, `bpe_train`): byte-pair encoding that agrees with GPT-2's, Llama's and
   Hugging Face's files id for id, and a trainer;
-- `prepare`: tokenize and write `train.bin`/`val.bin` (uint16, 90/10 split), `tokenizer.json`, `meta.json`;
+- `prepare`: tokenize and write `train.bin`/`val.bin` (uint16, or uint32 past 65,536 ids; 90/10 split),
+  `tokenizer.json`, `meta.json`;
 - `dataset`: `ensure_dataset` (find or prepare what a training run names) and `open_dataset`;
 - `batches`: `get_batch` from (seed, step), and `prefetch` to the device.
 

@@ -3,7 +3,7 @@
 path = ensure_dataset(None)          # the default corpus, prepared into data/stdlib on first use
 path = ensure_dataset("poems.txt")   # raw text: prepared once into a cache dir named by its content
 path = ensure_dataset("data/shakespeare_char")   # an already prepared directory, used as it is
-data = open_dataset(path)            # data.train / data.val are uint16 memmaps, data.tokenizer decodes
+data = open_dataset(path)            # data.train / data.val are uint16 (or uint32) memmaps, data.tokenizer decodes
 """
 
 import hashlib
@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from train.data.corpus import read_source, stdlib_corpus
-from train.data.prepare import DTYPE, FILES, prepare, text_sha256
+from train.data.prepare import DTYPES, FILES, prepare, text_sha256
 from train.data.tokenizers import Tokenizer, load_tokenizer
 
 DEFAULT = "stdlib"  # the name of the built-in corpus (see corpus.stdlib_corpus)
@@ -43,14 +43,23 @@ def missing_files(path: Path) -> list[str]:
     return [f for f in FILES if not (path / f).is_file()]
 
 
-def _open_split(path: Path, expected: int) -> np.memmap:
+def token_file_dtype(meta: dict, path: Path) -> np.dtype:
+    """The token files' dtype that meta.json names; uint16 when it names none (nanoGPT's files)."""
+    name = meta.get("dtype", "uint16 little-endian")
+    if name not in DTYPES:
+        raise ValueError(f"{path / 'meta.json'} names token dtype {name!r}; known: {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def _open_split(path: Path, expected: int, dtype: np.dtype) -> np.memmap:
     size = path.stat().st_size
-    if size != expected * DTYPE.itemsize:
+    if size != expected * dtype.itemsize:
         raise ValueError(
-            f"{path} holds {size} bytes, but meta.json says {expected} uint16 tokens ({expected * DTYPE.itemsize} "
-            "bytes): the file is truncated or from another preparation; prepare the dataset again"
+            f"{path} holds {size} bytes, but meta.json says {expected} {dtype.name} tokens "
+            f"({expected * dtype.itemsize} bytes): the file is truncated or from another preparation; prepare the "
+            "dataset again"
         )
-    return np.memmap(path, dtype=DTYPE, mode="r")
+    return np.memmap(path, dtype=dtype, mode="r")
 
 
 def open_dataset(path: str | Path) -> Dataset:
@@ -70,8 +79,9 @@ def open_dataset(path: str | Path) -> Dataset:
             f"{path}: tokenizer.json has {tokenizer.vocab_size} tokens but meta.json says {meta.get('vocab_size')}; "
             "prepare the dataset again"
         )
-    train = _open_split(path / "train.bin", meta["train_tokens"])
-    val = _open_split(path / "val.bin", meta["val_tokens"])
+    dtype = token_file_dtype(meta, path)
+    train = _open_split(path / "train.bin", meta["train_tokens"], dtype)
+    val = _open_split(path / "val.bin", meta["val_tokens"], dtype)
     return Dataset(path, train, val, tokenizer, meta)
 
 

@@ -1,12 +1,13 @@
 """Turn a corpus into a prepared dataset directory: `train.bin`, `val.bin`, `tokenizer.json`, `meta.json`.
 
 The format is nanoGPT's: the token ids of the whole text, the first 90% in `train.bin` and the last 10% in
-`val.bin`, each a headerless array of little-endian uint16 (so a nanoGPT `.bin` reads here, and ours there).
-Beside them:
+`val.bin`, each a headerless array of little-endian uint16 (so a nanoGPT `.bin` reads here, and ours there), or
+of uint32 when the vocabulary has more than 65,536 ids (Llama 3's 128,256). Beside them:
 
 - `tokenizer.json`: the tokenizer (see `tokenizers.py`), JSON rather than nanoGPT's pickled `meta.pkl`;
 - `meta.json`: where the text came from and what was made of it: the source description and file list,
-  the Python version, the text's size and SHA-256, the tokenizer kind and vocabulary size, the token counts.
+  the Python version, the text's size and SHA-256, the tokenizer kind and vocabulary size, the token files'
+  dtype, the token counts.
 
 `meta.json` is written last, and removed first when a directory is prepared again: a directory with all
 four files is complete, whatever was interrupted.
@@ -24,8 +25,16 @@ from train.data.corpus import Source
 from train.data.tokenizers import Tokenizer, make_tokenizer, save_tokenizer
 
 FILES = ("train.bin", "val.bin", "tokenizer.json", "meta.json")
-DTYPE = np.dtype("<u2")  # uint16, little-endian: ids 0..65535
-MAX_VOCAB = 2**16
+# The token files' dtypes, by their name in meta.json: the narrowest that holds every id of the vocabulary.
+DTYPES = {"uint16 little-endian": np.dtype("<u2"), "uint32 little-endian": np.dtype("<u4")}
+MAX_VOCAB = 2**32
+
+
+def token_dtype(vocab_size: int) -> str:
+    """The name (a key of DTYPES) of the narrowest dtype whose values hold ids 0..vocab_size-1."""
+    if vocab_size > MAX_VOCAB:
+        raise ValueError(f"a vocabulary of {vocab_size:,} ids is more than the {MAX_VOCAB:,} a uint32 token file holds")
+    return "uint16 little-endian" if vocab_size <= 2**16 else "uint32 little-endian"
 
 
 def text_sha256(text: str) -> str:
@@ -69,26 +78,15 @@ def prepare(
     the text to `vocab_size` tokens), or with `tokenizer` itself (a model's own), and write the dataset files
     into `out_dir`. Returns the contents of `meta.json`.
 
-    Raises ValueError for an empty text, one too short to split (fewer than 2 tokens), or a vocabulary too
-    large for uint16 ids; OSError if `out_dir` cannot be written.
+    Raises ValueError for an empty text or one too short to split (fewer than 2 tokens); OSError if `out_dir`
+    cannot be written.
     """
     out_dir = check_writable(out_dir)
     text = source.text
     if not text:
         raise ValueError(f"the input is empty ({source.description}); there is nothing to train on")
-    if tokenizer == "bpe" and vocab_size is not None and vocab_size > MAX_VOCAB:
-        raise ValueError(f"vocab_size {vocab_size:,} is more than the {MAX_VOCAB:,} ids a uint16 token file can hold")
-    if not isinstance(tokenizer, str) and tokenizer.vocab_size > MAX_VOCAB:
-        raise ValueError(
-            f"the {tokenizer.kind} tokenizer has {tokenizer.vocab_size:,} tokens, more than the {MAX_VOCAB:,} ids a "
-            "uint16 token file can hold"
-        )
     tok = make_tokenizer(tokenizer, text, vocab_size) if isinstance(tokenizer, str) else tokenizer
-    if tok.vocab_size > MAX_VOCAB:
-        raise ValueError(
-            f"the text has {tok.vocab_size:,} distinct characters, more than the {MAX_VOCAB:,} ids a uint16 token "
-            "file can hold; use --tokenizer byte (256 ids for any text)"
-        )
+    dtype = token_dtype(tok.vocab_size)
     ids = tok.encode(text)
     n_train = split_point(len(ids))
     if n_train == 0:
@@ -102,13 +100,13 @@ def prepare(
         "text_sha256": text_sha256(text),
         "tokenizer": tok.kind,
         "vocab_size": tok.vocab_size,
-        "dtype": "uint16 little-endian",
+        "dtype": dtype,
         "tokens": len(ids),
         "train_tokens": n_train,
         "val_tokens": len(ids) - n_train,
     }
     (out_dir / "meta.json").unlink(missing_ok=True)
-    tokens = ids.astype(DTYPE)
+    tokens = ids.astype(DTYPES[dtype])
     _write_atomically(out_dir / "train.bin", lambda p: tokens[:n_train].tofile(p))
     _write_atomically(out_dir / "val.bin", lambda p: tokens[n_train:].tofile(p))
     _write_atomically(out_dir / "tokenizer.json", lambda p: save_tokenizer(tok, p))
