@@ -8,8 +8,8 @@ The pieces, in the order data flows through them (one file each):
 - `corpus`: read a text file or directory, or build the default corpus from Python's own documentation
   and source (no download);
 - `tokenizers`: character-level and byte-level tokenizers, saved as JSON;
-- `bpe` (with `bpe_split`, `bpe_files`, `bpe_train`): byte-pair encoding that agrees with GPT-2's, Llama's and
-  Hugging Face's files id for id, and a trainer;
+- `bpe` (with `bpe_split`, `bpe_files`, `bpe_train`, `bpe_bulk`): byte-pair encoding that agrees with GPT-2's,
+  Llama's and Hugging Face's files id for id, a trainer, and a corpus encoded in pieces over processes;
 - `prepare`: tokenize and write `train.bin`/`val.bin` (uint16, or uint32 past 65,536 ids; 90/10 split),
   `tokenizer.json`, `meta.json`;
 - `dataset`: `ensure_dataset` (find or prepare what a training run names) and `open_dataset`;

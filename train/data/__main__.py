@@ -7,6 +7,7 @@ on the text to --vocab_size tokens (GPT-2 style, byte-level; at least 257).
 """
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -30,10 +31,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tokenizer", choices=("char", "byte", "bpe"), default="char")
     parser.add_argument("--vocab_size", type=int, default=None, help="the BPE's vocabulary size (--tokenizer bpe)")
     parser.add_argument("--out_dir", type=Path, default=None, help="default: data/stdlib or data/<input name>")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="processes that encode a large text with a BPE, a piece of about a megabyte each (default: the cores)",
+    )
     args = parser.parse_args(argv)
 
     if (args.vocab_size is None) != (args.tokenizer != "bpe"):
         parser.error("--vocab_size goes with --tokenizer bpe, and only with it")
+    if args.workers < 1:
+        parser.error(f"--workers must be at least 1, got {args.workers}")
     try:
         if args.input is None:
             source, name = stdlib_corpus(), DEFAULT
@@ -42,7 +51,7 @@ def main(argv: list[str] | None = None) -> dict:
                 raise FileNotFoundError(f"input path {args.input} does not exist (expected a text file or directory)")
             source, name = read_source(args.input), args.input.resolve().stem or "text"
         out_dir = args.out_dir or default_dir("data", name, args.tokenizer)
-        meta = prepare(source, out_dir, args.tokenizer, args.vocab_size)
+        meta = prepare(source, out_dir, args.tokenizer, args.vocab_size, workers=args.workers)
     except (OSError, ValueError) as e:
         parser.exit(2, f"python -m train.data: error: {e}\n")
     print(f"{meta['source']}: {meta['text_chars']:,} characters")

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from train.data.bpe import BPETokenizer
+from train.data.bpe_bulk import encode_corpus
 from train.data.corpus import Source
 from train.data.tokenizers import Tokenizer, make_tokenizer, save_tokenizer
 
@@ -72,11 +74,16 @@ def _write_atomically(path: Path, write) -> None:
 
 
 def prepare(
-    source: Source, out_dir: str | Path, tokenizer: str | Tokenizer = "char", vocab_size: int | None = None
+    source: Source,
+    out_dir: str | Path,
+    tokenizer: str | Tokenizer = "char",
+    vocab_size: int | None = None,
+    workers: int = 1,
 ) -> dict:
     """Tokenize `source.text` with a new tokenizer of kind `tokenizer` ("char", "byte", or "bpe": trained on
     the text to `vocab_size` tokens), or with `tokenizer` itself (a model's own), and write the dataset files
-    into `out_dir`. Returns the contents of `meta.json`.
+    into `out_dir`. Returns the contents of `meta.json`. A BPE encodes the text in pieces over `workers`
+    processes (`bpe_bulk`: the same ids as one `encode` call).
 
     Raises ValueError for an empty text or one too short to split (fewer than 2 tokens); OSError if `out_dir`
     cannot be written.
@@ -87,7 +94,7 @@ def prepare(
         raise ValueError(f"the input is empty ({source.description}); there is nothing to train on")
     tok = make_tokenizer(tokenizer, text, vocab_size) if isinstance(tokenizer, str) else tokenizer
     dtype = token_dtype(tok.vocab_size)
-    ids = tok.encode(text)
+    ids = encode_corpus(tok, text, workers=workers) if isinstance(tok, BPETokenizer) else tok.encode(text)
     n_train = split_point(len(ids))
     if n_train == 0:
         raise ValueError(f"the input is {len(ids)} token(s) long: too short to split into train and val")

@@ -1,0 +1,49 @@
+"""train.data.bpe_bulk: a corpus cut into pieces at newlines between two non-space characters, encoded piece by
+piece (by Hugging Face `tokenizers`, or by the readable encoder in several processes), gives exactly the ids of
+`BPETokenizer.encode` on the whole text, in each of the three styles, on hostile text."""
+
+import numpy as np
+import pytest
+
+from tests.train.data.conftest import HOSTILE
+from train.data import bpe_bulk
+from train.data.bpe import BPETokenizer
+
+SEPARATORS = ["\n", " \n", "\n\n", "\r\n", "x\ny", ".\n", "\n ", " ", "\t\n\t", "'s\n's", "12\n34"]
+
+
+def corpus(seed: int, n: int = 200) -> str:
+    """Hostile texts joined by separators chosen to sit at (or beside) the places where a corpus may be cut."""
+    rng = np.random.default_rng(seed)
+    return "".join(HOSTILE[i] + SEPARATORS[j] for i, j in zip(rng.integers(0, len(HOSTILE), n), rng.integers(0, 11, n)))
+
+
+@pytest.fixture(params=["hf_gpt2", "hf_llama3", "hf_sentencepiece"])
+def tokenizer(request) -> BPETokenizer:
+    return BPETokenizer.from_json(request.getfixturevalue(request.param)[1])
+
+
+def test_pieces_cut_only_between_words_and_join_back(tokenizer):
+    for seed in range(5):
+        text = corpus(seed)
+        parts = bpe_bulk.pieces(text, tokenizer.style, size=40)
+        assert "".join(parts) == text
+        if tokenizer.style == "sentencepiece":
+            assert parts == [text]  # a `▁` would go in front of every piece
+            continue
+        assert len(parts) > 20
+        joined = np.concatenate([tokenizer.encode(part) for part in parts])
+        np.testing.assert_array_equal(joined, tokenizer.encode(text))
+
+
+def test_the_fast_path_and_several_processes_give_the_readable_encoders_ids(tokenizer):
+    pytest.importorskip("tokenizers")
+    text = corpus(7)
+    want = tokenizer.encode(text)
+    np.testing.assert_array_equal(bpe_bulk.encode_corpus(tokenizer, text, fast=True, piece_chars=50), want)
+    np.testing.assert_array_equal(bpe_bulk.encode_corpus(tokenizer, text.encode(), piece_chars=50), want)
+    if tokenizer.style == "gpt2":  # the process pool once (it starts two interpreters)
+        got = bpe_bulk.encode_corpus(tokenizer, text, workers=2, piece_chars=500)
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="not valid UTF-8 at byte offset 3"):
+        bpe_bulk.encode_corpus(tokenizer, b"abc\xff")
