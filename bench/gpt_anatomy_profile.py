@@ -21,31 +21,41 @@ from bench.gpt_train_torch import make_torch
 from bench.timing import interleaved_medians
 
 
+def thunk_events(run, repeats: int) -> tuple[float, list[tuple[str, float]]]:
+    """(wall seconds per call, [(kernel name, busy ms), ...] over all calls) of `repeats` calls of `run`, after a
+    warm-up call, from XLA:CPU's per-thunk trace events (on its worker threads and the client thread)."""
+    jax.block_until_ready(run())
+    with tempfile.TemporaryDirectory() as trace_dir:
+        with jax.profiler.trace(trace_dir):
+            start = time.perf_counter()
+            for _ in range(repeats):
+                jax.block_until_ready(run())
+            wall = (time.perf_counter() - start) / repeats
+        (path,) = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
+        data = jax.profiler.ProfileData.from_file(path)
+    events = [
+        (event.name, event.duration_ns / 1e6)
+        for plane in data.planes
+        for line in plane.lines
+        if line.name.startswith("tf_XLA")  # XLA's worker threads and the client thread that runs thunks
+        for event in line.events
+    ]
+    return wall, events
+
+
 def profile(step, hlo_text: str, steps: int = 3) -> dict[str, float]:
     """Busy milliseconds per step by kind of kernel (`kind_of`), from XLA:CPU's per-thunk trace events, and
     "wall" (ms per step under the profiler) and "thunks" (kernels run per step). Busy time sums over threads:
     with two worker threads it can exceed the wall time."""
     hlo = parse_hlo(hlo_text)
-    jax.block_until_ready(step())
-    with tempfile.TemporaryDirectory() as trace_dir:
-        with jax.profiler.trace(trace_dir):
-            start = time.perf_counter()
-            for _ in range(steps):
-                jax.block_until_ready(step())
-            wall = (time.perf_counter() - start) / steps
-        (path,) = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
-        data = jax.profiler.ProfileData.from_file(path)
+    wall, events = thunk_events(step, steps)
     busy = collections.Counter()
     thunks = 0
-    for plane in data.planes:
-        for line in plane.lines:
-            if not line.name.startswith("tf_XLA"):  # XLA's worker threads and the client thread that runs thunks
-                continue
-            for event in line.events:
-                kind = kind_of(event.name, hlo)
-                if kind is not None:
-                    busy[kind] += event.duration_ns / 1e6 / steps
-                    thunks += 1
+    for name, ms in events:
+        kind = kind_of(name, hlo)
+        if kind is not None:
+            busy[kind] += ms / steps
+            thunks += 1
     return {**busy, "wall": wall * 1e3, "thunks": thunks / steps}
 
 

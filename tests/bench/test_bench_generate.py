@@ -64,3 +64,25 @@ def test_step_bytes_are_the_params_and_the_whole_cache():
         assert param_bytes == 4 * n_params
         assert cache_bytes == 4 * 2 * n_layer * batch * block * d
         assert abs(param_bytes + cache_bytes - total) < 0.05e6
+
+
+def test_the_kernel_profile_finds_every_weight_product_and_the_cache_in_the_compiled_loop():
+    """bench/gpt_generate_profile.py reads generate's optimized HLO: the loop body's weight products do the
+    step's weight FLOPs and read every weight, its attention products read each layer's keys and values once,
+    and each layer writes its keys and values (a profile adds only times to these)."""
+    from bench import gpt_generate_profile
+
+    config = gpt.GPTConfig(block_size=32, vocab_size=11, n_layer=2, n_head=2, n_embd=16)
+    batch = 3
+    _, hlo_text, cache, steps = gpt_generate_profile.generate_program(config, batch, prompt_len=4)
+    assert steps == 28 and cache == (3 * 2 * 32 * 8, 32, 8)  # rows x heads x slots x head width
+    groups = {}
+    for kernel in gpt_generate_profile.kernels(hlo_text, cache).values():
+        groups.setdefault(kernel.group, []).append(kernel)
+    weights, attention = gpt_generate.step_flops(_shapes(config), config, batch)
+    assert sum(k.flops for k in groups["weights"]) == weights
+    assert sum(k.flops for k in groups["attention"]) == attention
+    param_bytes, cache_bytes = gpt_generate.step_bytes(_shapes(config), config, batch)
+    assert sum(k.nbytes for k in groups["weights"]) >= param_bytes - 32 * 16 * 4  # wpe is a lookup, not a product
+    assert cache_bytes <= sum(k.nbytes for k in groups["attention"]) < 1.2 * cache_bytes
+    assert len(groups["cache in place"]) >= 2 * config.n_layer
