@@ -166,6 +166,11 @@ class BPETokenizer:
         alphabet = bytes_to_unicode()
         return ["".join(alphabet[byte] for byte in word.encode("utf-8")) for word in split_words(piece, self.style)]
 
+    def word_ids(self, word: str) -> tuple[int, ...]:
+        """The ids of one word as the vocabulary spells it (after the split into words and, in "sentencepiece"
+        style, the `▁` spaces): its merges, or the word whole with `ignore_merges`. `encode` calls it per word."""
+        return self._word_ids(word)
+
     def _word_ids(self, word: str) -> tuple[int, ...]:
         if word not in self._cache:
             if self.ignore_merges and word in self.vocab:

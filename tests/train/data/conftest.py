@@ -30,6 +30,16 @@ HOSTILE = [
     " ",
 ]
 SPECIALS = ["<|endoftext|>", "<s>", "</s>"]
+# Llama 2's decoder as Hugging Face writes it: `▁` back to spaces, byte tokens to bytes, the first space off.
+SENTENCEPIECE_DECODER = {
+    "type": "Sequence",
+    "decoders": [
+        {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+        {"type": "ByteFallback"},
+        {"type": "Fuse"},
+        {"type": "Strip", "content": " ", "start": 1, "stop": 0},
+    ],
+}
 
 
 def _corpus(texts: list[str]) -> list[str]:
@@ -95,13 +105,32 @@ def hf_sentencepiece():
     byte_tokens = [f"<0x{byte:02X}>" for byte in range(256)]
     tokens = [token for token, _ in trained[:3]] + byte_tokens + [token for token, _ in trained[3:]]
     data["model"]["vocab"] = {token: i for i, token in enumerate(tokens)}
-    data["decoder"] = {
+    data["decoder"] = SENTENCEPIECE_DECODER
+    return tokenizers.Tokenizer.from_str(json.dumps(data)), data
+
+
+@pytest.fixture(scope="session")
+def hf_sentencepiece_by_words():
+    """Llama 2 style as SentencePiece trains it, splitting at white space: the merges learned on `▁`-words
+    (Metaspace), then written with hf_sentencepiece's normalizers and no pre-tokenizer, so no merge joins a
+    symbol ending in another character to one starting with `▁`. Returns (tokenizer, its JSON)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import models, pre_tokenizers
+
+    tokenizer = tokenizers.Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True)
+    data = _train(tokenizer, HOSTILE, 500, ["<unk>", "<s>", "</s>"], byte_level=False)
+    trained = sorted(data["model"]["vocab"].items(), key=lambda item: item[1])
+    byte_tokens = [f"<0x{byte:02X}>" for byte in range(256) if f"<0x{byte:02X}>" not in data["model"]["vocab"]]
+    tokens = [token for token, _ in trained[:3]] + byte_tokens + [token for token, _ in trained[3:]]
+    data["model"]["vocab"] = {token: i for i, token in enumerate(tokens)}
+    data["pre_tokenizer"] = None
+    data["normalizer"] = {
         "type": "Sequence",
-        "decoders": [
-            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
-            {"type": "ByteFallback"},
-            {"type": "Fuse"},
-            {"type": "Strip", "content": " ", "start": 1, "stop": 0},
+        "normalizers": [
+            {"type": "Prepend", "prepend": "▁"},
+            {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},
         ],
     }
+    data["decoder"] = SENTENCEPIECE_DECODER
     return tokenizers.Tokenizer.from_str(json.dumps(data)), data

@@ -18,7 +18,7 @@ def corpus(seed: int, n: int = 200) -> str:
     return "".join(HOSTILE[i] + SEPARATORS[j] for i, j in zip(rng.integers(0, len(HOSTILE), n), rng.integers(0, 11, n)))
 
 
-@pytest.fixture(params=["hf_gpt2", "hf_llama3", "hf_sentencepiece"])
+@pytest.fixture(params=["hf_gpt2", "hf_llama3", "hf_sentencepiece", "hf_sentencepiece_by_words"])
 def tokenizer(request) -> BPETokenizer:
     return BPETokenizer.from_json(request.getfixturevalue(request.param)[1])
 
@@ -29,7 +29,7 @@ def test_pieces_cut_only_between_words_and_join_back(tokenizer):
         parts = bpe_bulk.pieces(text, tokenizer.style, size=40)
         assert "".join(parts) == text
         if tokenizer.style == "sentencepiece":
-            assert parts == [text]  # a `▁` would go in front of every piece
+            assert parts == [text]  # a `▁` would go in front of every piece (sentencepiece_pieces cuts)
             continue
         assert len(parts) > 20
         joined = np.concatenate([tokenizer.encode(part) for part in parts])
@@ -47,3 +47,18 @@ def test_the_fast_path_and_several_processes_give_the_readable_encoders_ids(toke
         np.testing.assert_array_equal(got, want)
     with pytest.raises(ValueError, match="not valid UTF-8 at byte offset 3"):
         bpe_bulk.encode_corpus(tokenizer, b"abc\xff")
+
+
+def test_a_sentencepiece_text_is_cut_only_when_no_merge_crosses_a_space(request):
+    """Merges learned across `▁` (hf_sentencepiece) leave the text whole; merges learned on words
+    (hf_sentencepiece_by_words, as SentencePiece trains) let it be cut before spaces, the later pieces encoded
+    without the `▁` in front, to the ids of the whole text, in this process and over two."""
+    across = BPETokenizer.from_json(request.getfixturevalue("hf_sentencepiece")[1])
+    by_words = BPETokenizer.from_json(request.getfixturevalue("hf_sentencepiece_by_words")[1])
+    text = corpus(3)
+    assert bpe_bulk.sentencepiece_pieces(across, text, size=40) == [text]
+    parts = bpe_bulk.sentencepiece_pieces(by_words, text, size=40)
+    assert len(parts) > 20 and "".join(parts) == text and all(part.startswith(" ") for part in parts[1:])
+    want = by_words.encode(text)
+    np.testing.assert_array_equal(bpe_bulk.encode_corpus(by_words, text, piece_chars=40), want)
+    np.testing.assert_array_equal(bpe_bulk.encode_corpus(by_words, text, workers=2, piece_chars=2000), want)
