@@ -71,9 +71,9 @@ def test_workers(args: list[str]) -> list[str]:
     on one worker (`loadfile`: a file's module fixtures, such as the 8-device child runs, are made once; the
     docs pages, which share nothing, a unit each, and the slowest files first: tests/conftest.py). Most of the
     suite's time is XLA compiling on one thread, so each core is kept busy; the extra worker runs while the
-    end-to-end tests wait on their child processes and signals (on 2 cores, 3 workers ran tests/train and
-    tests/purejax/parallel from a cold compilation cache in 533 s, 2 in 647 s). None when `args` choose for
-    themselves (`-n 0` runs in this process, for a debugger)."""
+    end-to-end tests wait on their child processes and signals, which on 2 cores finished the training and
+    parallel tests about a sixth sooner. None when `args` choose for themselves (`-n 0` runs in this process,
+    for a debugger)."""
     if any(a == "-n" or a.startswith(("-n", "--numprocesses", "--dist")) for a in args):
         return []
     return ["-n", str(min(4, (os.cpu_count() or 1) + 1)), "--dist", "loadfile"]
