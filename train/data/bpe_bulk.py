@@ -9,8 +9,9 @@ encoded in pieces instead, and the pieces at once:
   a run of punctuation), so the pieces' ids, joined, are the whole text's. A "sentencepiece"-style tokenizer
   (Llama 2) has no words: its text, `▁` in front and every space a `▁`, is one. It is cut before a space that
   follows another character only when no merge joins a symbol ending in another character to one starting
-  with `▁` (SentencePiece trained splitting at white space, as Llama 2's was, never learns one): then no
-  merge crosses such a cut. The pieces after the first are encoded without the `▁` put in front.
+  with `▁` (SentencePiece, splitting at white space as it does by default, never learns one; the merges are
+  checked, not assumed): then no merge crosses such a cut. The pieces after the first are encoded without
+  the `▁` put in front.
 - **who encodes the pieces.** `workers` processes of the readable encoder; or, with `fast=True` and Hugging
   Face `tokenizers` installed (an optional extra, never a run-time dependency), its `encode_batch` over
   threads, the tokenizer handed over as its own tokenizer.json with `encode_special_tokens` on, so a special
