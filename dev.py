@@ -67,16 +67,15 @@ def demo(args: list[str]) -> int:
 
 
 def test_workers(args: list[str]) -> list[str]:
-    """pytest-xdist's options for the suite: one worker more than the cores (at most 4), each test file whole
-    on one worker (`loadfile`: a file's module fixtures, such as the 8-device child runs, are made once; the
-    docs pages, which share nothing, a unit each, and the slowest files first: tests/conftest.py). Most of the
-    suite's time is XLA compiling on one thread, so each core is kept busy; the extra worker runs while the
-    end-to-end tests wait on their child processes and signals, which on 2 cores finished the training and
-    parallel tests about a sixth sooner. None when `args` choose for themselves (`-n 0` runs in this process,
-    for a debugger)."""
+    """pytest-xdist's options for the suite: one worker per core (at most 4), each test file whole on one
+    worker (`loadfile`: a file's module fixtures, such as the 8-device child runs, are made once; the docs
+    pages, which share nothing, a unit each, and the slowest files first: tests/conftest.py). Most of the
+    suite's time is XLA compiling on one thread, so two cores halve it; a third worker on two cores made the
+    whole suite slower. None when `args` choose for themselves (`-n 0` runs in this process, for a
+    debugger)."""
     if any(a == "-n" or a.startswith(("-n", "--numprocesses", "--dist")) for a in args):
         return []
-    return ["-n", str(min(4, (os.cpu_count() or 1) + 1)), "--dist", "loadfile"]
+    return ["-n", str(min(4, os.cpu_count() or 1)), "--dist", "loadfile"]
 
 
 def docs(args: list[str]) -> int:

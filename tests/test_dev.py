@@ -37,9 +37,9 @@ def test_docs_builds_strictly_with_the_docs_extra_and_serves(monkeypatch):
     assert (ROOT / "mkdocs.yml").exists()
 
 
-def test_the_suite_runs_a_worker_more_than_the_cores_unless_told_otherwise(monkeypatch):
+def test_the_suite_runs_a_worker_per_core_unless_told_otherwise(monkeypatch):
     monkeypatch.setattr(dev.os, "cpu_count", lambda: 2)
-    assert dev.test_workers(["-k", "gpt"]) == ["-n", "3", "--dist", "loadfile"]
+    assert dev.test_workers(["-k", "gpt"]) == ["-n", "2", "--dist", "loadfile"]
     monkeypatch.setattr(dev.os, "cpu_count", lambda: 64)
     assert dev.test_workers([]) == ["-n", "4", "--dist", "loadfile"]  # at most 4: each may start 8-device children
     assert dev.test_workers(["-n", "0"]) == [] and dev.test_workers(["--dist=no"]) == []
