@@ -117,17 +117,17 @@ def init(key: PRNGKeyArray, config: GPTConfig) -> Params:
     """nanoGPT's initialisation: every linear weight and embedding N(0, 0.02^2), biases zero, LayerNorms the
     identity, and the two projections that write into the residual stream (attn.proj, mlp.proj) at
     std 0.02 / sqrt(2 * n_layer), so the stream's variance does not grow with depth (GPT-2 paper, sec. 2.3)."""
-    keys = prandom.named_keys(key, "wte", "wpe", "blocks")
+    keys = prandom.named_keys(key, "wte", "wpe", "blocks", "ln_f")
     normal = initializers.normal(0.02)
     residual = initializers.normal(0.02 / math.sqrt(2 * config.n_layer))
     d = config.n_embd
 
     def block_init(key):
-        keys = prandom.named_keys(key, "attn", "mlp")
+        keys = prandom.named_keys(key, "ln_1", "attn", "ln_2", "mlp")
         return {
-            "ln_1": layer_norm.init(None, d, bias=config.bias),
+            "ln_1": layer_norm.init(keys["ln_1"], d, bias=config.bias),
             "attn": attention.init(keys["attn"], config.attention, w_init=normal, proj_init=residual),
-            "ln_2": layer_norm.init(None, d, bias=config.bias),
+            "ln_2": layer_norm.init(keys["ln_2"], d, bias=config.bias),
             **config.init_feed_forward(keys["mlp"], w_init=normal, proj_init=residual),
         }
 
@@ -135,7 +135,7 @@ def init(key: PRNGKeyArray, config: GPTConfig) -> Params:
         "wte": embedding.init(keys["wte"], config.vocab_size, d, w_init=normal),
         "wpe": embedding.init(keys["wpe"], config.block_size, d, w_init=normal),
         "blocks": stack.init(keys["blocks"], config.n_layer, block_init),
-        "ln_f": layer_norm.init(None, d, bias=config.bias),
+        "ln_f": layer_norm.init(keys["ln_f"], d, bias=config.bias),
     }
 
 
@@ -166,7 +166,7 @@ def block(
     """One pre-LayerNorm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)). Under tensor parallelism
     x is replicated over `axis_name`; attention and the MLP each end with one psum over it. A variant passes
     its own sublayers, called as `attention.apply` and `config.feed_forward` are (gpt_parallel: ring, sequence)."""
-    keys = prandom.named_keys(key, "attn", "mlp") if key is not None else {"attn": None, "mlp": None}
+    keys = prandom.named_keys(key, "attn", "mlp")  # all None in evaluation
     feed_forward = config.feed_forward if feed_forward is None else feed_forward
     h = layer_norm.apply(params["ln_1"], x)
     x = x + attend(params["attn"], h, config.attention, key=keys["attn"], axis_name=axis_name)
@@ -187,7 +187,7 @@ def hidden(
     idx = jnp.asarray(idx)
     check_inputs(params, idx, config, axis_name=axis_name)
     dropout_on = key is not None and config.dropout > 0
-    keys = prandom.named_keys(key, "embd", "blocks") if dropout_on else {"embd": None, "blocks": None}
+    keys = prandom.named_keys(key if dropout_on else None, "embd", "blocks")
     x = embed(params, idx, config, key=keys["embd"], axis_name=axis_name)
 
     def layer(layer_params, x, key):

@@ -144,7 +144,7 @@ def block(
 ) -> tuple[Float[Array, "batch seq d_model"], Stats]:
     """`gpt.block` with the experts as its MLP, and their statistics: x + attn(ln_1(x)), then x + moe(ln_2(x)).
     Written out here (not `gpt.block`) because the statistics are a second output."""
-    keys = prandom.named_keys(key, "attn", "mlp") if key is not None else {"attn": None, "mlp": None}
+    keys = prandom.named_keys(key, "attn", "mlp")  # all None in evaluation
     h = layer_norm.apply(params["ln_1"], x)
     x = x + attention.apply(params["attn"], h, config.attention, key=keys["attn"], axis_name=axis_name)
     h = layer_norm.apply(params["ln_2"], x)

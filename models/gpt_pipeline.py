@@ -52,7 +52,7 @@ def stage_forward(
     s, n_stages = jax.lax.axis_index(axes.pipe), jax.lax.axis_size(axes.pipe)
     idx, targets = micro
     dropout_on = key is not None and config.dropout > 0
-    keys = prandom.named_keys(key, "embd", "blocks") if dropout_on else {"embd": None}
+    keys = prandom.named_keys(key if dropout_on else None, "embd", "blocks")
 
     def embed():
         return gpt.embed(params, idx, config, key=keys["embd"], axis_name=axes.model)

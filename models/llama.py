@@ -124,12 +124,12 @@ class LlamaConfig:
 def init(key: PRNGKeyArray, config: LlamaConfig) -> Params:
     """Hugging Face's initialisation of a new Llama: every weight N(0, 0.02^2) (initializer_range), the
     RMSNorm scales ones."""
-    keys = prandom.named_keys(key, "embed", "blocks", "head")
+    keys = prandom.named_keys(key, "embed", "blocks", "norm", "head")
     normal = initializers.normal(0.02)
     params = {
         "embed": embedding.init(keys["embed"], config.vocab_size, config.d_model, w_init=normal),
         "blocks": stack.init(keys["blocks"], config.n_layer, lambda k: init_block(k, config)),
-        "norm": rms_norm.init(None, config.d_model),
+        "norm": rms_norm.init(keys["norm"], config.d_model),
     }
     if not config.tie_embeddings:
         params["head"] = linear.init(keys["head"], config.d_model, config.vocab_size, bias=False, w_init=normal)
@@ -138,11 +138,11 @@ def init(key: PRNGKeyArray, config: LlamaConfig) -> Params:
 
 def init_block(key: PRNGKeyArray, config: LlamaConfig) -> Params:
     """One block's params (`init` stacks n_layer of them)."""
-    keys, normal = prandom.named_keys(key, "attn", "mlp"), initializers.normal(0.02)
+    keys, normal = prandom.named_keys(key, "attn_norm", "attn", "mlp_norm", "mlp"), initializers.normal(0.02)
     return {
-        "attn_norm": rms_norm.init(None, config.d_model),
+        "attn_norm": rms_norm.init(keys["attn_norm"], config.d_model),
         "attn": attention.init(keys["attn"], config.attention, w_init=normal),
-        "mlp_norm": rms_norm.init(None, config.d_model),
+        "mlp_norm": rms_norm.init(keys["mlp_norm"], config.d_model),
         "mlp": gated_mlp.init(keys["mlp"], config.d_model, config.d_ff, w_init=normal),
     }
 

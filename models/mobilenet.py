@@ -56,8 +56,9 @@ CLASSIFIER_INIT = initializers.normal(0.01)
 
 def unit_init(key: PRNGKeyArray, in_channels: int, out_channels: int, kernel: int, *, groups: int = 1) -> Params:
     """A bias-free conv and the BatchNorm after it: {"conv": {"w"}, "bn": {"scale", "bias"}}."""
-    w = conv.init(key, in_channels, out_channels, kernel, groups=groups, bias=False, w_init=CONV_INIT)
-    return {"conv": w, "bn": batch_norm.init(None, out_channels)}
+    keys = prandom.named_keys(key, "conv", "bn")
+    w = conv.init(keys["conv"], in_channels, out_channels, kernel, groups=groups, bias=False, w_init=CONV_INIT)
+    return {"conv": w, "bn": batch_norm.init(keys["bn"], out_channels)}
 
 
 def unit_state(out_channels: int) -> State:

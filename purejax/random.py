@@ -10,6 +10,10 @@ that does not depend on what else exists:
 The number folded in is the low 31 bits of the CRC-32 of the UTF-8 name (stable across Python runs and
 versions, unlike `hash`; 31 bits keep it a non-negative int32).
 Repeated identical blocks get `jax.random.fold_in(key, index)` (see `purejax.nn.stack`).
+
+No key, no keys: `named_keys(None, "attn", "mlp")` is `{"attn": None, "mlp": None}`. An `apply` that draws only
+in training (dropout) gets `key=None` in evaluation, so a block hands its sublayers their keys the same way in
+both, without a branch (docs/design.md, the layer contract's "one calling style in a block").
 """
 
 import zlib
@@ -28,8 +32,9 @@ def fold_in_name(key: PRNGKeyArray, name: str) -> PRNGKeyArray:
     return jax.random.fold_in(key, name_to_int(name))
 
 
-def named_keys(key: PRNGKeyArray, *names: str) -> dict[str, PRNGKeyArray]:
-    """`{name: fold_in_name(key, name)}` for each name; names must be distinct."""
+def named_keys(key: PRNGKeyArray | None, *names: str) -> dict[str, PRNGKeyArray | None]:
+    """`{name: fold_in_name(key, name)}` for each name, or `{name: None}` when `key` is None (evaluation: no
+    sublayer draws); names must be distinct."""
     if len(set(names)) != len(names):
         raise ValueError(f"named_keys got repeated names: {sorted(n for n in names if names.count(n) > 1)}")
-    return {name: fold_in_name(key, name) for name in names}
+    return {name: None if key is None else fold_in_name(key, name) for name in names}

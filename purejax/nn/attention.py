@@ -163,7 +163,7 @@ def apply(
     batch, seq, n_head, _ = q.shape
     allowed = combine_masks(mask, config, n_head, jnp.arange(seq), jnp.arange(seq), batch=batch)
     drop = key is not None and config.dropout > 0
-    keys = prandom.named_keys(key, "attn", "resid") if drop else {"attn": None, "resid": None}
+    keys = prandom.named_keys(key if drop else None, "attn", "resid")
     is_causal = config.causal and mask is None  # `allowed` is then the causal mask alone
     out = attend(q, k, v, allowed, config, key=keys["attn"], axis_name=axis_name, is_causal=is_causal)
     y = linear.apply(params["proj"], out.reshape(batch, seq, -1), axis_name=axis_name)

@@ -125,7 +125,7 @@ def apply(
         kv_mask = check_kv_mask("cross_attention", kv_mask, batch, kv_len, "context", context)
         mask = jnp.broadcast_to(kv_mask[:, None, None, :], (batch, 1, seq, kv_len))
     drop = key is not None and config.dropout > 0
-    keys = prandom.named_keys(key, "attn", "resid") if drop else {"attn": None, "resid": None}
+    keys = prandom.named_keys(key if drop else None, "attn", "resid")
     out = attention.attend(q, k, v, mask, config.attention, key=keys["attn"])
     y = linear.apply(params["proj"], out.reshape(batch, seq, config.d_model))
     return dropout_lib.apply(y, rate=config.dropout, key=keys["resid"])

@@ -72,11 +72,11 @@ def init(
 ) -> Params:
     """LayerNorms the identity; the attention's and the MLP's weights from `w_init`, and the two projections
     that write into the residual stream (attn.proj, mlp.proj) from `proj_init` when given."""
-    keys, d = prandom.named_keys(key, "attn", "mlp"), config.d_model
+    keys, d = prandom.named_keys(key, "ln_1", "attn", "ln_2", "mlp"), config.d_model
     return {
-        "ln_1": layer_norm.init(None, d, bias=config.bias, dtype=dtype),
+        "ln_1": layer_norm.init(keys["ln_1"], d, bias=config.bias, dtype=dtype),
         "attn": attention.init(keys["attn"], config.attention, w_init=w_init, proj_init=proj_init, dtype=dtype),
-        "ln_2": layer_norm.init(None, d, bias=config.bias, dtype=dtype),
+        "ln_2": layer_norm.init(keys["ln_2"], d, bias=config.bias, dtype=dtype),
         "mlp": mlp.init(keys["mlp"], d, config.d_ff, bias=config.bias, w_init=w_init, proj_init=proj_init, dtype=dtype),
     }
 
@@ -102,7 +102,7 @@ def apply(
     if kv_mask is not None:  # the same keys hidden from every query and every head
         kv_mask = check_kv_mask("encoder_block", kv_mask, batch, seq, "x", x)
         mask = jnp.broadcast_to(kv_mask[:, None, None, :], (batch, 1, seq, seq))
-    keys = prandom.named_keys(key, "attn", "mlp") if key is not None else {"attn": None, "mlp": None}
+    keys = prandom.named_keys(key, "attn", "mlp")  # all None in evaluation
     h = layer_norm.apply(params["ln_1"], x)
     x = x + attention.apply(params["attn"], h, config.attention, mask=mask, key=keys["attn"])
     h = layer_norm.apply(params["ln_2"], x)

@@ -97,7 +97,7 @@ def attention(
     batch, seq, n_head, _ = q.shape
     allowed = attention_lib.combine_masks(None, config, n_head, jnp.arange(seq), jnp.arange(seq), batch=batch)
     drop = key is not None and config.dropout > 0
-    keys = prandom.named_keys(key, "attn", "resid") if drop else {"attn": None, "resid": None}
+    keys = prandom.named_keys(key if drop else None, "attn", "resid")
     out = attention_lib.attend(q, k, v, allowed, config, key=keys["attn"], axis_name=axis_name, is_causal=config.causal)
     y = row_parallel(params["proj"], out.reshape(batch, seq, -1), axis_name)
     return local_dropout(y, rate=config.dropout, key=keys["resid"], axis_name=axis_name)

@@ -77,3 +77,10 @@ def test_named_keys_accepts_legacy_uint32_keys_and_works_under_jit_and_vmap():
     vmapped = jax.vmap(lambda k: prandom.fold_in_name(k, "w"))(batch)
     for i in range(4):
         np.testing.assert_array_equal(key_data(vmapped[i]), key_data(prandom.fold_in_name(batch[i], "w")))
+
+
+def test_no_key_gives_no_keys():
+    """Evaluation: a block's sublayers get None each, so its apply hands out keys the same way with or without one."""
+    assert prandom.named_keys(None, "attn", "mlp") == {"attn": None, "mlp": None}
+    with pytest.raises(ValueError, match="repeated"):
+        prandom.named_keys(None, "attn", "attn")

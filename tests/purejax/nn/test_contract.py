@@ -5,10 +5,12 @@ dropout rate, initializers that are all factories, and ArrayLike inputs converte
 Signature rules that hold across the whole package are checked on every module of purejax.nn and
 models; the finer rules are checked on the layers and models this contract was written with (LAYERS)."""
 
+import ast
 import dataclasses
 import importlib
 import inspect
 import pkgutil
+import textwrap
 import typing
 
 import jax
@@ -238,3 +240,74 @@ def test_array_like_inputs_are_converted(fn, value):
     got = fn(value)
     assert isinstance(got, jax.Array), f"returned {type(got).__name__}"
     np.testing.assert_array_equal(got, fn(jnp.asarray(value)))
+
+
+def _config_type(f) -> type | None:
+    """The class annotated on `f`'s `config` parameter, if it has one."""
+    if "config" not in inspect.signature(f).parameters:
+        return None
+    config_type = typing.get_type_hints(f).get("config")
+    return config_type if isinstance(config_type, type) else None
+
+
+LAYER_FUNCTIONS = ("init", "apply", "block", "hidden", "embed", "loss", "attend", "decode", "generate")
+
+
+@pytest.mark.parametrize("module", EVERY, ids=lambda m: m.__name__)
+def test_a_setting_in_the_config_is_not_also_an_argument(module):
+    """Where a setting lives (docs/design.md): a layer's function that takes a config takes none of its settings
+    again (a function that edits a config, as `gpt_surgery.crop_block_size`, takes the new value)."""
+    for name, f in _functions(module).items():
+        config_type = _config_type(f) if name in LAYER_FUNCTIONS or name.endswith(("_init", "_apply")) else None
+        if config_type is not None:
+            doubled = _settings(config_type) & set(inspect.signature(f).parameters)
+            assert not doubled, f"{_where(module, name)}: {sorted(doubled)} are settings of its config"
+
+
+@pytest.mark.parametrize("module", EVERY, ids=lambda m: m.__name__)
+def test_init_and_apply_take_the_same_config(module):
+    """A layer whose init takes a config is applied with that config: the settings both must agree on."""
+    functions = _functions(module)
+    if "init" in functions and "apply" in functions:
+        made_with = _config_type(functions["init"])
+        if made_with is not None:
+            applied_with = _config_type(functions["apply"])
+            assert applied_with is not None and issubclass(made_with, applied_with), _where(module, "apply")
+
+
+NORMS = [
+    (layer_norm.init, 8),
+    (rms_norm.init, 8),
+    (batch_norm.init, 8),
+    (purejax.nn.group_norm.init, 8),
+    (purejax.nn.instance_norm.init, 8),
+]
+
+
+@pytest.mark.parametrize("init, size", NORMS, ids=lambda v: getattr(v, "__module__", str(v)))
+def test_layers_without_random_params_take_a_key_and_ignore_it(init, size):
+    """A block hands every sublayer its named key; a norm's params are the same with it as without."""
+    with_key, without = init(jax.random.key(0), size), init(None, size)
+    assert jax.tree.structure(with_key) == jax.tree.structure(without)
+    for a, b in zip(jax.tree.leaves(with_key), jax.tree.leaves(without), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+BLOCK_INITS = [
+    "purejax.nn.encoder_block.init",
+    "models.gpt.init",
+    "models.llama.init_block",
+    "models.mobilenet.unit_init",
+]
+
+
+@pytest.mark.parametrize("where", BLOCK_INITS)
+def test_a_block_gives_every_sublayer_its_named_key(where):
+    """One calling style in a block: no sublayer's init is called with None (or without the block's keys) there."""
+    module_name, name = where.rsplit(".", 1)
+    tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(importlib.import_module(module_name), name))))
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "init":
+            first = call.args[0] if call.args else None
+            named = isinstance(first, ast.Subscript) and isinstance(first.value, ast.Name) and first.value.id == "keys"
+            assert named, f"{where}: {ast.unparse(call)} is not given keys[<its name>]"
