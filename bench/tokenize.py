@@ -34,8 +34,8 @@ from train.data.bpe_split import GPT2_PATTERN, bytes_to_unicode
 from train.data.corpus import read_source, stdlib_corpus
 
 
-def tiktoken_encoder(tokenizer: BPETokenizer) -> Callable[[str], list[int]] | None:
-    """tiktoken's encoder for a GPT-2-style `tokenizer`: each token's bytes ranked by its id (the merges were
+def tiktoken_encoding(tokenizer: BPETokenizer):
+    """tiktoken's `Encoding` of a GPT-2-style `tokenizer`: each token's bytes ranked by its id (the merges were
     learned in id order, so lower ranks merge first, as tiktoken merges); None without tiktoken."""
     try:
         import tiktoken
@@ -48,11 +48,19 @@ def tiktoken_encoder(tokenizer: BPETokenizer) -> Callable[[str], list[int]] | No
         if token not in tokenizer.special_tokens
     }
     # tiktoken's pattern syntax is the regex module's: GPT-2's \p{L} and \p{N} as they are
-    encoding = tiktoken.Encoding("bench", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={})
+    return tiktoken.Encoding("bench", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={})
+
+
+def tiktoken_encoder(tokenizer: BPETokenizer) -> Callable[[str], list[int]] | None:
+    """encode(text) with `tiktoken_encoding`: the text cut into bpe_bulk's pieces, `encode_ordinary_batch` over
+    them on every core; None without tiktoken."""
+    encoding = tiktoken_encoding(tokenizer)
+    if encoding is None:
+        return None
     threads = os.cpu_count() or 1
 
     def encode(text: str) -> list[int]:
-        parts = bpe_bulk.pieces(text, tokenizer.style)
+        parts = bpe_bulk.pieces(tokenizer, text)
         return [i for ids in encoding.encode_ordinary_batch(parts, num_threads=threads) for i in ids]
 
     return encode
@@ -101,7 +109,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    text = (read_source(args.input) if args.input else stdlib_corpus()).text
+    text = (read_source(args.input) if args.input else stdlib_corpus()).read_text()
     data = train_bpe(text, args.vocab_size).to_json()
     megabytes = len(text.encode("utf-8")) / 1e6
     results = measure(contenders(data, args.workers), text, args.repeats)

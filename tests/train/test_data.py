@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -75,11 +76,11 @@ def test_directory_reads_text_files_sorted_and_skips_hidden_and_others(tmp_path)
         (corpus / rel).write_text(text)
     source = read_source(corpus)
     assert source.files == ["a/y.py", "a/z.md", "b.txt", "c.TXT"]
-    assert source.text == SEPARATOR.join(["why", "zed", "bee", "sea"])
+    assert source.text is None and source.read_text() == SEPARATOR.join(["why", "zed", "bee", "sea"])
     out = tmp_path / "out"
     cli(["--input", str(corpus), "--out_dir", str(out)])
     data = open_dataset(out)
-    assert data.tokenizer.decode(np.concatenate([data.train, data.val])) == source.text
+    assert data.tokenizer.decode(np.concatenate([data.train, data.val])) == source.read_text()
     assert data.meta["files"] == source.files
 
 
@@ -90,6 +91,7 @@ def test_cli_runs_as_a_module(tmp_path):
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
     assert "20 train and 3 val tokens" in result.stdout
+    assert re.search(r"^encoded 0.0 of 0.0 MB \(100%\), [\d.]+ MB/s, in [\d.]+ s$", result.stderr, re.M), result.stderr
     assert open_dataset(tmp_path / "data" / "t-byte").meta["tokenizer"] == "byte"  # default out_dir
 
 
@@ -363,3 +365,31 @@ def test_prefetch_keeps_order_puts_on_device_and_reads_only_size_ahead():
         np.testing.assert_array_equal(y, get_batch(RAMP, 2, 4, 0, step)[1])
     with pytest.raises(ValueError, match="prefetch size must be an integer >= 1, got 0"):
         next(prefetch(source(), size=0))
+
+
+def test_cli_encodes_with_a_given_tokenizer_json(tmp_path, capsys):
+    """--tokenizer PATH: a model's own tokenizer (here one trained on another text) encodes the input."""
+    (tmp_path / "a.txt").write_text("the cat sat on the mat\n" * 30)
+    (tmp_path / "b.txt").write_text("a mat for the cat\n" * 20)
+    cli(
+        [
+            "--input",
+            str(tmp_path / "a.txt"),
+            "--tokenizer",
+            "bpe",
+            "--vocab_size",
+            "270",
+            "--out_dir",
+            str(tmp_path / "a"),
+        ]
+    )
+    saved = tmp_path / "a" / "tokenizer.json"
+    cli(["--input", str(tmp_path / "b.txt"), "--tokenizer", str(saved), "--out_dir", str(tmp_path / "b")])
+    data = open_dataset(tmp_path / "b")
+    tokenizer = load_tokenizer(saved)
+    assert data.tokenizer.to_json() == tokenizer.to_json()
+    want = tokenizer.encode((tmp_path / "b.txt").read_text())
+    np.testing.assert_array_equal(np.concatenate([data.train, data.val]), want)
+    assert "of 0.0 MB (100%)" in capsys.readouterr().err  # the progress line
+    message = cli_error(capsys, "--input", str(tmp_path / "b.txt"), "--tokenizer", str(tmp_path / "none.json"))
+    assert "none.json' is not char, byte, bpe, nor a tokenizer.json file" in message

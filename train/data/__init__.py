@@ -11,7 +11,7 @@ The pieces, in the order data flows through them (one file each):
 - `bpe` (with `bpe_split`, `bpe_files`, `bpe_train`, `bpe_bulk`): byte-pair encoding that agrees with GPT-2's,
   Llama's and Hugging Face's files id for id, a trainer, and a corpus encoded in pieces over processes;
 - `prepare`: tokenize and write `train.bin`/`val.bin` (uint16, or uint32 past 65,536 ids; 90/10 split),
-  `tokenizer.json`, `meta.json`;
+  `tokenizer.json`, `meta.json`, the text streaming through (with `progress`, a progress line);
 - `dataset`: `ensure_dataset` (find or prepare what a training run names) and `open_dataset`;
 - `batches`: `get_batch` from (seed, step), and `prefetch` to the device.
 
@@ -23,7 +23,7 @@ from train.data.bpe import BPETokenizer
 from train.data.bpe_train import train_bpe
 from train.data.corpus import SEPARATOR, STDLIB_MODULES, TEXT_EXTENSIONS, Source, read_source, stdlib_corpus
 from train.data.dataset import Dataset, ensure_dataset, fingerprint, open_dataset
-from train.data.prepare import prepare, split_point, text_sha256
+from train.data.prepare import prepare, source_sha256, split_point
 from train.data.tokenizers import ByteTokenizer, CharTokenizer, Tokenizer, load_tokenizer, make_tokenizer
 
 __all__ = [
@@ -46,8 +46,8 @@ __all__ = [
     "prefetch",
     "prepare",
     "read_source",
+    "source_sha256",
     "split_point",
     "stdlib_corpus",
-    "text_sha256",
     "train_bpe",
 ]

@@ -1,9 +1,13 @@
-"""Prepare a dataset: `python -m train.data [--input PATH] [--tokenizer char|byte|bpe] [--vocab_size N] [--out_dir D]`.
+"""Prepare a dataset:
+
+    python -m train.data [--input PATH] [--tokenizer char|byte|bpe|PATH] [--vocab_size N] [--out_dir D]
 
 With no --input, the built-in corpus (Python's own documentation and source, no download) goes to
 data/stdlib/. With one, a text file or a directory of text files goes to data/<its name>/ unless --out_dir
 says otherwise. A byte tokenizer adds "-byte" to the default directory name, a BPE one "-bpe"; a BPE is trained
-on the text to --vocab_size tokens (GPT-2 style, byte-level; at least 257).
+on the text to --vocab_size tokens (GPT-2 style, byte-level; at least 257), or read from a tokenizer.json
+(--tokenizer PATH: a model's own). The text streams through, encoded over --workers processes, with a
+progress line on stderr.
 """
 
 import argparse
@@ -14,6 +18,7 @@ from pathlib import Path
 from train.data.corpus import TEXT_EXTENSIONS, read_source, stdlib_corpus
 from train.data.dataset import DEFAULT, default_dir
 from train.data.prepare import prepare
+from train.data.tokenizers import load_tokenizer
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -28,7 +33,12 @@ def main(argv: list[str] | None = None) -> dict:
         help=f"a text file, or a directory whose {' '.join(TEXT_EXTENSIONS)} files are read in sorted order "
         "(default: the built-in corpus)",
     )
-    parser.add_argument("--tokenizer", choices=("char", "byte", "bpe"), default="char")
+    parser.add_argument(
+        "--tokenizer",
+        default="char",
+        help="char (default), byte, bpe (trained on the text), or the path of a tokenizer.json to encode with "
+        "(a model's own: GPT-2's or Llama's BPE, or one saved here)",
+    )
     parser.add_argument("--vocab_size", type=int, default=None, help="the BPE's vocabulary size (--tokenizer bpe)")
     parser.add_argument("--out_dir", type=Path, default=None, help="default: data/stdlib or data/<input name>")
     parser.add_argument(
@@ -39,6 +49,8 @@ def main(argv: list[str] | None = None) -> dict:
     )
     args = parser.parse_args(argv)
 
+    if args.tokenizer not in ("char", "byte", "bpe") and not Path(args.tokenizer).is_file():
+        parser.error(f"--tokenizer {args.tokenizer!r} is not char, byte, bpe, nor a tokenizer.json file")
     if (args.vocab_size is None) != (args.tokenizer != "bpe"):
         parser.error("--vocab_size goes with --tokenizer bpe, and only with it")
     if args.workers < 1:
@@ -50,8 +62,10 @@ def main(argv: list[str] | None = None) -> dict:
             if not args.input.exists():
                 raise FileNotFoundError(f"input path {args.input} does not exist (expected a text file or directory)")
             source, name = read_source(args.input), args.input.resolve().stem or "text"
-        out_dir = args.out_dir or default_dir("data", name, args.tokenizer)
-        meta = prepare(source, out_dir, args.tokenizer, args.vocab_size, workers=args.workers)
+        given = None if args.tokenizer in ("char", "byte", "bpe") else load_tokenizer(args.tokenizer)
+        out_dir = args.out_dir or default_dir("data", name, given.kind if given else args.tokenizer)
+        tokenizer = given or args.tokenizer
+        meta = prepare(source, out_dir, tokenizer, args.vocab_size, workers=args.workers, progress=True)
     except (OSError, ValueError) as e:
         parser.exit(2, f"python -m train.data: error: {e}\n")
     print(f"{meta['source']}: {meta['text_chars']:,} characters")

@@ -18,53 +18,67 @@ encoded in pieces instead, and the pieces at once:
   token's string in the text is text, as `encode` treats it. On the built-in corpus the readable encoder
   (which caches the words it has seen) outran `tokenizers`, so it is the default (docs/benchmarks.md,
   `python -m bench.tokenize`).
+- **a stream.** `cut` takes the text as chunks and holds one piece at a time, and `encode_pieces` keeps at
+  most two pieces per process in flight, so `prepare` (train/data/stream.py) encodes a corpus larger than
+  memory. A char or byte tokenizer's text is cut anywhere.
 
 The tests check the ids against `encode` on hostile text in each style, both ways.
 """
 
+import collections
 import json
 import multiprocessing
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
 from train.data.bpe import SPACE_MARK, BPETokenizer
 from train.data.bpe_split import checked_text
+from train.data.tokenizers import Tokenizer
 
 PIECE_CHARS = 1 << 20  # about a megabyte of text per piece
-_CUT = re.compile(r"(?<=[^\s\n])\n(?=[^\s\n])")  # a newline between two characters that are not white space
+WORD_CUT = re.compile(r"(?<=[^\s\n])\n(?=[^\s\n])")  # a newline between two characters that are not white space
 _SPACE_CUT = re.compile(r"(?<=[^ ])(?= )")  # just before a space that follows another character
+_ANYWHERE = re.compile(r"(?s)(?<=.)")  # after any character: a char or byte tokenizer encodes each on its own
 
 
-def pieces(text: str, style: str, size: int = PIECE_CHARS) -> list[str]:
-    """`text` cut, at the first safe place after every `size` characters, into pieces that encode to the
-    whole text's ids; the whole text for "sentencepiece" style (`sentencepiece_pieces` says when it cuts)."""
-    if style == "sentencepiece":
-        return [text]
-    return _cut(text, _CUT, size)
-
-
-def sentencepiece_pieces(tokenizer: BPETokenizer, text: str, size: int = PIECE_CHARS) -> list[str]:
-    """A "sentencepiece"-style text cut before a space that follows another character, about every `size`
-    characters, when no merge joins a symbol ending in another character to one starting with `▁` (so none
-    crosses the cut); the whole text otherwise."""
+def cut_pattern(tokenizer: Tokenizer) -> re.Pattern | None:
+    """Where `tokenizer`'s text may be cut so that the pieces' ids, joined, are the whole text's; None: nowhere
+    (a "sentencepiece"-style BPE with a merge that joins a symbol ending in another character to one starting
+    with `▁`, which a cut before a space could split)."""
+    if not isinstance(tokenizer, BPETokenizer):
+        return _ANYWHERE
+    if tokenizer.style != "sentencepiece":
+        return WORD_CUT
     if any(not left.endswith(SPACE_MARK) and right.startswith(SPACE_MARK) for left, right in tokenizer.merges):
-        return [text]
-    return _cut(text, _SPACE_CUT, size)
+        return None
+    return _SPACE_CUT
 
 
-def _cut(text: str, where: re.Pattern, size: int) -> list[str]:
-    """`text` cut at the first match of `where` after every `size` characters, each cut at the match's end."""
-    out, start = [], 0
-    while len(text) - start > size:
-        cut = where.search(text, start + size)
-        if cut is None:
-            break
-        out.append(text[start : cut.end()])
-        start = cut.end()
-    out.append(text[start:])
-    return out
+def cut(chunks: Iterable[str], where: re.Pattern | None, size: int = PIECE_CHARS) -> Iterator[str]:
+    """The text of `chunks` (in order) as pieces cut at the first match of `where` after every `size`
+    characters, each cut at the match's end; one piece when `where` is None. Holds one piece and a chunk at a
+    time, so a stream larger than memory goes through."""
+    buffer = ""
+    for chunk in chunks:
+        buffer += chunk
+        start = 0
+        while where is not None and len(buffer) - start > size:
+            found = where.search(buffer, start + size)
+            if found is None:
+                break
+            yield buffer[start : found.end()]
+            start = found.end()
+        buffer = buffer[start:]
+    if buffer:
+        yield buffer
+
+
+def pieces(tokenizer: Tokenizer, text: str, size: int = PIECE_CHARS) -> list[str]:
+    """`text` cut, at the first safe place after every `size` characters, into pieces that encode to the
+    whole text's ids (`cut_pattern` says where that is)."""
+    return list(cut([text], cut_pattern(tokenizer), size))
 
 
 def hugging_face_encoder(tokenizer: BPETokenizer) -> Callable[[list[str]], list[list[int]]] | None:
@@ -79,12 +93,43 @@ def hugging_face_encoder(tokenizer: BPETokenizer) -> Callable[[list[str]], list[
     return lambda texts: [encoding.ids for encoding in fast.encode_batch(texts, add_special_tokens=False)]
 
 
-def _encode(tokenizer: BPETokenizer, text: str, first: bool = True) -> np.ndarray:
+def _encode(tokenizer: Tokenizer, text: str, first: bool = True) -> np.ndarray:
     """The ids of a piece: `encode`, or for a later piece of a "sentencepiece"-style text its one word
     without the `▁` put in front of the text."""
-    if first or tokenizer.style != "sentencepiece":
+    if first or getattr(tokenizer, "style", None) != "sentencepiece":
         return np.asarray(tokenizer.encode(text), np.int64)
     return np.asarray(tokenizer.word_ids(text.replace(" ", SPACE_MARK)), np.int64)
+
+
+_worker_tokenizer: Tokenizer | None = None  # in an encoding process: the tokenizer, handed over once
+
+
+def _hold_tokenizer(tokenizer: Tokenizer) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = tokenizer
+
+
+def _encode_in_worker(text: str, first: bool) -> np.ndarray:
+    return _encode(_worker_tokenizer, text, first)
+
+
+def encode_pieces(tokenizer: Tokenizer, texts: Iterable[str], *, workers: int = 1) -> Iterator[np.ndarray]:
+    """The ids of each of `texts` (pieces of one text, in order: the first is its start), in order, encoded in
+    this process or in `workers` spawned ones. At most two pieces per process are in flight, so the pieces
+    can come from a stream larger than memory."""
+    if workers <= 1:
+        for i, text in enumerate(texts):
+            yield _encode(tokenizer, text, i == 0)
+        return
+    spawn = multiprocessing.get_context("spawn")
+    with spawn.Pool(workers, initializer=_hold_tokenizer, initargs=(tokenizer,)) as pool:
+        in_flight: collections.deque = collections.deque()
+        for i, text in enumerate(texts):
+            in_flight.append(pool.apply_async(_encode_in_worker, (text, i == 0)))
+            if len(in_flight) >= 2 * workers:
+                yield in_flight.popleft().get()
+        while in_flight:
+            yield in_flight.popleft().get()
 
 
 def encode_corpus(
@@ -96,16 +141,9 @@ def encode_corpus(
     text = checked_text(text)
     encoder = hugging_face_encoder(tokenizer) if fast else None
     if encoder is not None:  # Hugging Face puts a `▁` in front of every piece: a sentencepiece text goes whole
-        ids = [np.asarray(part, np.int64) for part in encoder(pieces(text, tokenizer.style, piece_chars))]
-        return np.concatenate(ids) if ids else np.zeros(0, np.int64)
-    if tokenizer.style == "sentencepiece":
-        parts = sentencepiece_pieces(tokenizer, text, piece_chars)
+        where = None if tokenizer.style == "sentencepiece" else WORD_CUT
+        ids = [np.asarray(part, np.int64) for part in encoder(list(cut([text], where, piece_chars)))]
     else:
-        parts = pieces(text, tokenizer.style, piece_chars)
-    jobs = [(tokenizer, part, i == 0) for i, part in enumerate(parts)]
-    if workers > 1 and len(parts) > 1:
-        with multiprocessing.get_context("spawn").Pool(workers) as pool:
-            ids = pool.starmap(_encode, jobs)
-    else:
-        ids = [_encode(*job) for job in jobs]
+        parts = pieces(tokenizer, text, piece_chars)
+        ids = list(encode_pieces(tokenizer, parts, workers=workers if len(parts) > 1 else 1))
     return np.concatenate(ids) if ids else np.zeros(0, np.int64)

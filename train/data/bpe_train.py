@@ -18,6 +18,7 @@ only falls, except the pairs that hold the newly merged token, which are pushed 
 
 import heapq
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 
 from train.data.bpe import BPETokenizer
 from train.data.bpe_split import bytes_to_unicode, split_words
@@ -36,9 +37,12 @@ def merge_pair(symbols: list[int], pair: tuple[int, int], new_id: int) -> list[i
     return merged
 
 
-def train_bpe(text: str, vocab_size: int, special_tokens: tuple[str, ...] = ("<|endoftext|>",)) -> BPETokenizer:
+def train_bpe(
+    text: str | Iterable[str], vocab_size: int, special_tokens: tuple[str, ...] = ("<|endoftext|>",)
+) -> BPETokenizer:
     """A GPT-2-style byte-level BPE of at most `vocab_size` tokens (fewer if the text runs out of pairs) learned
-    from `text`, with `special_tokens` first (ids 0, 1...)."""
+    from `text`, or from its pieces cut between words (`bpe_bulk.cut`: a corpus read as a stream), with
+    `special_tokens` first (ids 0, 1...)."""
     alphabet = bytes_to_unicode()
     tokens = [*special_tokens, *sorted(alphabet.values())]
     if len(set(tokens)) != len(tokens):
@@ -46,7 +50,9 @@ def train_bpe(text: str, vocab_size: int, special_tokens: tuple[str, ...] = ("<|
     if vocab_size < len(tokens):
         raise ValueError(f"vocab_size {vocab_size} is below the {len(tokens)} special and byte tokens it must hold")
     id_of = {token: i for i, token in enumerate(tokens)}
-    counts = Counter(split_words(text, "gpt2"))
+    counts: Counter = Counter()
+    for piece in [text] if isinstance(text, str) else text:
+        counts.update(split_words(piece, "gpt2"))
     words = [[id_of[alphabet[byte]] for byte in word.encode("utf-8")] for word in counts]
     weights = list(counts.values())
     pair_counts: Counter = Counter()

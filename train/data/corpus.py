@@ -1,16 +1,19 @@
 """Where the text comes from: a user's file or directory, or the built-in corpus every Python carries.
 
-`read_source(path)` reads one text file as it is, or every text file under a directory; `stdlib_corpus()`
-builds the default corpus, which needs no download. Both return a `Source`: the text and a description of
-where it came from, which `prepare` records in `meta.json`.
+`read_source(path)` names one text file as it is, or every text file under a directory; `stdlib_corpus()`
+builds the default corpus, which needs no download. Both return a `Source`: the text (the built-in corpus's in
+memory, files' read a chunk at a time by `Source.chunks`, so a corpus larger than memory can be prepared) and a
+description of where it came from, which `prepare` records in `meta.json`.
 
 Reading is exact: files are decoded as strict UTF-8 from their bytes (no newline translation), so the
 prepared tokens decode back to the very bytes on disk.
 """
 
+import codecs
 import importlib.util
 import os
 import platform
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -82,29 +85,68 @@ STDLIB_MODULES = (
 )
 
 
+CHUNK_BYTES = 1 << 22  # how much of a file is read and decoded at a time
+
+
 class Source(NamedTuple):
-    """A corpus and where it came from.
+    """A corpus and where it came from: in memory (`text`), or files on disk read a chunk at a time (`paths`).
 
     Attributes:
-        text: the whole corpus, documents joined with `SEPARATOR`.
+        text: the whole corpus, documents joined with `SEPARATOR`; None when it is read from `paths`.
         description: one line for people, e.g. "directory /home/me/poems (12 files)".
         files: the documents in the order joined (paths relative to a directory, or module names).
+        paths: the non-empty files whose text, joined with `SEPARATOR`, is the corpus (when `text` is None).
     """
 
-    text: str
+    text: str | None
     description: str
     files: list[str]
+    paths: tuple[Path, ...] = ()
+
+    def size_bytes(self) -> int:
+        """The corpus's size in UTF-8 bytes, known before reading it (the progress bar's whole)."""
+        if self.text is not None:
+            return len(self.text.encode("utf-8", "surrogatepass"))
+        return sum(path.stat().st_size for path in self.paths) + len(SEPARATOR) * max(0, len(self.paths) - 1)
+
+    def chunks(self, chunk_bytes: int | None = None) -> Iterator[tuple[str, int]]:
+        """The corpus in order, as (text, UTF-8 bytes it stands for) of about `chunk_bytes` (`CHUNK_BYTES`)
+        each, so a corpus larger than memory can be read; a file that is not UTF-8 is a ValueError naming it
+        and the byte."""
+        chunk_bytes = chunk_bytes or CHUNK_BYTES
+        if self.text is not None:
+            yield self.text, len(self.text.encode("utf-8", "surrogatepass"))
+            return
+        for i, path in enumerate(self.paths):
+            if i:
+                yield SEPARATOR, len(SEPARATOR)
+            yield from _read_chunks(path, chunk_bytes)
+
+    def read_text(self) -> str:
+        """The whole corpus as one string (a small corpus, or a test)."""
+        return "".join(text for text, _ in self.chunks())
 
 
-def read_file(path: Path) -> str:
-    """The text of `path`, decoded as strict UTF-8; an error names the file and the offending byte."""
-    try:
-        return path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(
-            f"{path} is not UTF-8 text (byte {e.start}: {e.object[e.start : e.start + 4]!r}); convert it to "
-            "UTF-8 or leave it out"
-        ) from None
+def _read_chunks(path: Path, chunk_bytes: int) -> Iterator[tuple[str, int]]:
+    """`path`'s text, decoded as strict UTF-8 `chunk_bytes` at a time (a character cut between two reads is
+    kept for the next)."""
+    decoder, offset = codecs.getincrementaldecoder("utf-8")(), 0
+    with path.open("rb") as f:
+        while True:
+            data = f.read(chunk_bytes)
+            pending = len(decoder.getstate()[0])
+            try:
+                text = decoder.decode(data, final=not data)
+            except UnicodeDecodeError as e:
+                byte, found = offset - pending + e.start, e.object[e.start : e.start + 4]
+                raise ValueError(
+                    f"{path} is not UTF-8 text (byte {byte}: {found!r}); convert it to UTF-8 or leave it out"
+                ) from None
+            offset += len(data)
+            if text:
+                yield text, len(text.encode("utf-8"))
+            if not data:
+                return
 
 
 def text_files(directory: Path) -> list[Path]:
@@ -122,7 +164,7 @@ def read_source(path: str | Path) -> Source:
     `SEPARATOR`. Raises FileNotFoundError for a missing path and ValueError for a directory without text."""
     path = Path(path)
     if path.is_file():
-        return Source(read_file(path), f"file {path.resolve()}", [path.name])
+        return Source(None, f"file {path.resolve()}", [path.name], (path,) if path.stat().st_size else ())
     if path.is_dir():
         files = text_files(path)
         if not files:
@@ -130,10 +172,9 @@ def read_source(path: str | Path) -> Source:
                 f"no text files under {path}: looked for (case-insensitive) {' '.join(TEXT_EXTENSIONS)}; "
                 "name a file directly to use any extension"
             )
-        texts = {f.relative_to(path).as_posix(): read_file(f) for f in files}
-        texts = {name: text for name, text in texts.items() if text}  # an empty file adds no separator
-        description = f"directory {path.resolve()} ({len(texts)} non-empty text files)"
-        return Source(SEPARATOR.join(texts.values()), description, list(texts))
+        files = [f for f in files if f.stat().st_size]  # an empty file adds no separator
+        description = f"directory {path.resolve()} ({len(files)} non-empty text files)"
+        return Source(None, description, [f.relative_to(path).as_posix() for f in files], tuple(files))
     raise FileNotFoundError(f"input path {path} does not exist (expected a text file or a directory of them)")
 
 

@@ -8,6 +8,7 @@ data = open_dataset(path)            # data.train / data.val are uint16 (or uint
 
 import hashlib
 import json
+import os
 import re
 import zlib
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from train.data.corpus import read_source, stdlib_corpus
-from train.data.prepare import DTYPES, FILES, prepare, text_sha256
+from train.data.prepare import DTYPES, FILES, prepare, source_sha256
 from train.data.tokenizers import Tokenizer, load_tokenizer
 
 DEFAULT = "stdlib"  # the name of the built-in corpus (see corpus.stdlib_corpus)
@@ -133,8 +134,9 @@ def ensure_dataset(
     `tokenizer` ("char" or "byte") is the kind to prepare with (default "char"); for a prepared directory it
     must match the saved one if given. It may also be a tokenizer itself (a model's own, such as GPT-2's BPE):
     the text is then encoded with it, into a directory whose name holds its fingerprint as well (`<kind>` is
-    `bpe-<sha256>`), and a prepared directory must hold the same tokenizer. `log` receives a line when
-    something is prepared (None: silent).
+    `bpe-<sha256>`), and a prepared directory must hold the same tokenizer. A text is encoded over a process
+    per core when it is large (`prepare`). `log` receives a line when something is prepared, and a progress
+    line goes to stderr then (None: silent).
     """
     if isinstance(tokenizer, str) and tokenizer not in ("char", "byte"):
         raise ValueError(f"tokenizer must be 'char' or 'byte', got {tokenizer!r}")
@@ -161,10 +163,10 @@ def ensure_dataset(
         )
     source = read_source(path)
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", path.resolve().stem) or "text"
-    out = Path(data_root) / "cache" / f"{stem}-{kind}-{text_sha256(source.text)[:12]}"
+    out = Path(data_root) / "cache" / f"{stem}-{kind}-{source_sha256(source)[:12]}"
     if missing_files(out):
         say(f"preparing {source.description} into {out}")
-        prepare(source, out, given or kind)
+        prepare(source, out, given or kind, workers=os.cpu_count() or 1, progress=log is not None)
     return out
 
 

@@ -11,19 +11,24 @@ of uint32 when the vocabulary has more than 65,536 ids (Llama 3's 128,256). Besi
 
 `meta.json` is written last, and removed first when a directory is prepared again: a directory with all
 four files is complete, whatever was interrupted.
+
+The corpus streams through (`prepare`), so one larger than memory prepares in memory of a few megabytes:
+its ids go to a token file as they are encoded, which becomes `train.bin` once its last tenth is copied out
+to `val.bin`.
 """
 
 import hashlib
 import json
 import os
 import platform
+import shutil
 from pathlib import Path
 
 import numpy as np
 
-from train.data.bpe import BPETokenizer
-from train.data.bpe_bulk import encode_corpus
+from train.data.bpe_bulk import PIECE_CHARS, WORD_CUT, cut, cut_pattern, encode_pieces
 from train.data.corpus import Source
+from train.data.progress import Progress
 from train.data.tokenizers import Tokenizer, make_tokenizer, save_tokenizer
 
 FILES = ("train.bin", "val.bin", "tokenizer.json", "meta.json")
@@ -39,9 +44,13 @@ def token_dtype(vocab_size: int) -> str:
     return "uint16 little-endian" if vocab_size <= 2**16 else "uint32 little-endian"
 
 
-def text_sha256(text: str) -> str:
-    """The hex SHA-256 of `text`'s UTF-8 bytes: the identity of a corpus."""
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+def source_sha256(source: Source) -> str:
+    """The hex SHA-256 of the UTF-8 bytes of `source`'s whole text, read a chunk at a time: the identity of a
+    corpus."""
+    digest = hashlib.sha256()
+    for text, _ in source.chunks():
+        digest.update(text.encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
 
 
 def split_point(n_tokens: int) -> int:
@@ -79,43 +88,92 @@ def prepare(
     tokenizer: str | Tokenizer = "char",
     vocab_size: int | None = None,
     workers: int = 1,
+    progress: bool = False,
 ) -> dict:
-    """Tokenize `source.text` with a new tokenizer of kind `tokenizer` ("char", "byte", or "bpe": trained on
-    the text to `vocab_size` tokens), or with `tokenizer` itself (a model's own), and write the dataset files
-    into `out_dir`. Returns the contents of `meta.json`. A BPE encodes the text in pieces over `workers`
-    processes (`bpe_bulk`: the same ids as one `encode` call).
+    """Tokenize `source` with a new tokenizer of kind `tokenizer` ("char", "byte", or "bpe": trained on the
+    text to `vocab_size` tokens), or with `tokenizer` itself (a model's own), and write the dataset files into
+    `out_dir`. Returns the contents of `meta.json`.
+
+    The text streams through: read a chunk at a time, cut into pieces where no token crosses, encoded in
+    `workers` processes, appended to the token file as they come (`bpe_bulk`), so memory holds a few pieces
+    whatever the corpus's size. Building a tokenizer reads the text once more first. `progress` prints a
+    progress line on stderr.
 
     Raises ValueError for an empty text or one too short to split (fewer than 2 tokens); OSError if `out_dir`
     cannot be written.
     """
     out_dir = check_writable(out_dir)
-    text = source.text
-    if not text:
+    if source.size_bytes() == 0:
         raise ValueError(f"the input is empty ({source.description}); there is nothing to train on")
-    tok = make_tokenizer(tokenizer, text, vocab_size) if isinstance(tokenizer, str) else tokenizer
-    dtype = token_dtype(tok.vocab_size)
-    ids = encode_corpus(tok, text, workers=workers) if isinstance(tok, BPETokenizer) else tok.encode(text)
-    n_train = split_point(len(ids))
-    if n_train == 0:
-        raise ValueError(f"the input is {len(ids)} token(s) long: too short to split into train and val")
+    if isinstance(tokenizer, str):
+        tokenizer = make_tokenizer(
+            tokenizer, cut((text for text, _ in source.chunks()), WORD_CUT, PIECE_CHARS), vocab_size
+        )
+    dtype = token_dtype(tokenizer.vocab_size)
+    (out_dir / "meta.json").unlink(missing_ok=True)
+    tokens_path = out_dir / ".tokens.tmp"
+    try:
+        text = _write_tokens(tokenizer, source, tokens_path, DTYPES[dtype], workers, progress)
+        n_tokens = tokens_path.stat().st_size // DTYPES[dtype].itemsize
+        n_train = split_point(n_tokens)
+        if n_train == 0:
+            raise ValueError(f"the input is {n_tokens} token(s) long: too short to split into train and val")
+        _split(tokens_path, out_dir, n_train, DTYPES[dtype].itemsize)
+    finally:
+        tokens_path.unlink(missing_ok=True)
     meta = {
         "source": source.description,
         "files": source.files,
         "python_version": platform.python_version(),
-        "text_chars": len(text),
-        "text_bytes": len(text.encode("utf-8", "surrogatepass")),
-        "text_sha256": text_sha256(text),
-        "tokenizer": tok.kind,
-        "vocab_size": tok.vocab_size,
+        **text,
+        "tokenizer": tokenizer.kind,
+        "vocab_size": tokenizer.vocab_size,
         "dtype": dtype,
-        "tokens": len(ids),
+        "tokens": n_tokens,
         "train_tokens": n_train,
-        "val_tokens": len(ids) - n_train,
+        "val_tokens": n_tokens - n_train,
     }
-    (out_dir / "meta.json").unlink(missing_ok=True)
-    tokens = ids.astype(DTYPES[dtype])
-    _write_atomically(out_dir / "train.bin", lambda p: tokens[:n_train].tofile(p))
-    _write_atomically(out_dir / "val.bin", lambda p: tokens[n_train:].tofile(p))
-    _write_atomically(out_dir / "tokenizer.json", lambda p: save_tokenizer(tok, p))
+    _write_atomically(out_dir / "tokenizer.json", lambda p: save_tokenizer(tokenizer, p))
     _write_atomically(out_dir / "meta.json", lambda p: p.write_text(json.dumps(meta, indent=1) + "\n"))
     return meta
+
+
+def _write_tokens(
+    tokenizer: Tokenizer, source: Source, path: Path, dtype: np.dtype, workers: int, progress: bool
+) -> dict:
+    """Encode `source` into `path`, ids appended as they come; returns what meta.json says of the text: its
+    characters, UTF-8 bytes and SHA-256, counted on the way."""
+    total = source.size_bytes()
+    digest, counts = hashlib.sha256(), {"text_chars": 0, "text_bytes": 0}
+    bar = Progress("encoded", total) if progress else None
+
+    def texts():
+        for text, size in source.chunks():
+            digest.update(text.encode("utf-8", "surrogatepass"))
+            counts["text_chars"] += len(text)
+            counts["text_bytes"] += size
+            yield text
+
+    workers = workers if total > 4 * PIECE_CHARS else 1  # a few pieces: not worth starting processes for
+    with path.open("wb") as f:
+        for ids in encode_pieces(tokenizer, cut(texts(), cut_pattern(tokenizer), PIECE_CHARS), workers=workers):
+            ids.astype(dtype).tofile(f)
+            if bar is not None:
+                bar.update(counts["text_bytes"])
+    if bar is not None:
+        bar.finish()
+    return {**counts, "text_sha256": digest.hexdigest()}
+
+
+def _split(tokens_path: Path, out_dir: Path, n_train: int, itemsize: int) -> None:
+    """The token file's first `n_train` ids become train.bin, the rest val.bin: the tail copied out, then the
+    file cut short and renamed, so the corpus's ids are never all in memory nor written twice."""
+
+    def write_tail(path: Path) -> None:
+        with tokens_path.open("rb") as tokens, path.open("wb") as val:
+            tokens.seek(n_train * itemsize)
+            shutil.copyfileobj(tokens, val)
+
+    _write_atomically(out_dir / "val.bin", write_tail)
+    os.truncate(tokens_path, n_train * itemsize)
+    os.replace(tokens_path, out_dir / "train.bin")

@@ -17,6 +17,7 @@ readable by any language, and loading it runs no code (nanoGPT's `meta.pkl` is a
 
 import json
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -60,9 +61,9 @@ class CharTokenizer:
         object.__setattr__(self, "_sorted_ids", order)
 
     @classmethod
-    def from_text(cls, text: str) -> "CharTokenizer":
-        """The tokenizer of every character in `text`, ids in sorted (code point) order."""
-        return cls(tuple(sorted(set(text))))
+    def from_text(cls, text: str | Iterable[str]) -> "CharTokenizer":
+        """The tokenizer of every character in `text` (or in its pieces), ids in sorted (code point) order."""
+        return cls(tuple(sorted(set().union(*map(set, [text] if isinstance(text, str) else text)))))
 
     @property
     def vocab_size(self) -> int:
@@ -145,8 +146,9 @@ Tokenizer = CharTokenizer | ByteTokenizer | BPETokenizer
 KINDS: dict[str, type] = {"char": CharTokenizer, "byte": ByteTokenizer, "bpe": BPETokenizer}
 
 
-def make_tokenizer(kind: str, text: str, vocab_size: int | None = None) -> Tokenizer:
-    """A tokenizer of `kind` ("char", "byte", or "bpe": trained on `text` to `vocab_size` tokens) for `text`."""
+def make_tokenizer(kind: str, text: str | Iterable[str], vocab_size: int | None = None) -> Tokenizer:
+    """A tokenizer of `kind` ("char", "byte", or "bpe": trained on `text` to `vocab_size` tokens) for `text`,
+    the whole text or its pieces cut between words (`bpe_bulk.cut`)."""
     if kind == "char":
         return CharTokenizer.from_text(text)
     if kind == "byte":
