@@ -14,6 +14,10 @@ merge; each remaining piece is a token of the vocabulary. The steps, in the orde
    - "sentencepiece" (Llama 2 as Hugging Face writes it): the piece gets `▁` in front and each space becomes
      `▁`, and the whole piece is one word of characters; a character outside the vocabulary becomes its UTF-8
      bytes as `<0xE2>`-style tokens (byte fallback) or the unknown token;
+   - "metaspace" (Hugging Face's Metaspace pre-tokenizer, as Mistral's and newer Llama conversions ship):
+     each space becomes `▁`, a `▁` goes in front of a piece not already starting with one (`prepend_scheme`
+     "always"; "first": only at the start of the text; "never"), and with `split` the text is cut into words
+     before each `▁` (else it is one word, as "sentencepiece"); characters as in "sentencepiece";
 3. each word is merged (a cache keeps the ids of words already seen) and looked up in the vocabulary.
    With `ignore_merges` (Llama 3), a word that is itself a token is taken whole.
 
@@ -35,8 +39,9 @@ from train.data import bpe_files
 from train.data.bpe_split import bytes_to_unicode, checked_text, split_special, split_words
 from train.data.token_ids import TokenIds, as_ids
 
-STYLES = ("gpt2", "llama3", "sentencepiece")
+STYLES = ("gpt2", "llama3", "sentencepiece", "metaspace")
 SPACE_MARK = "▁"  # U+2581, SentencePiece's visible space
+MARKED_WORDS = re.compile(f"{SPACE_MARK}[^{SPACE_MARK}]*|[^{SPACE_MARK}]+")  # Metaspace's split: `▁` starts a word
 BYTE_TOKEN = r"<0x[0-9A-F]{2}>"  # a byte-fallback token, `<0x00>`..`<0xFF>` (SentencePiece spells them upper case)
 
 
@@ -68,11 +73,15 @@ class BPETokenizer:
         vocab: each token of the model to its id (byte-level tokens spelled in GPT-2's byte alphabet).
         merges: the merges, lowest rank (learned first) first; each part and their join are tokens of `vocab`.
         special_tokens: strings matched whole before anything else, when `encode` allows them, to their ids.
-        style: how text becomes words: "gpt2", "llama3" (byte-level) or "sentencepiece" (see the module).
+        style: how text becomes words: "gpt2", "llama3" (byte-level), "sentencepiece" or "metaspace" (see the
+            module).
         ignore_merges: take a word that is itself a token whole, without merging (Llama 3).
-        unk_token: the token for a character with no token and no byte fallback ("sentencepiece" only).
-        byte_fallback: spell such a character as its UTF-8 bytes, `<0x00>`..`<0xFF>` ("sentencepiece" only).
+        unk_token: the token for a character with no token and no byte fallback (`▁` styles only).
+        byte_fallback: spell such a character as its UTF-8 bytes, `<0x00>`..`<0xFF>` (`▁` styles only).
         fuse_unk: one unknown token for a run of unknown characters.
+        prepend_scheme: where "metaspace" puts a `▁` in front: "always", "first" (the start of the text only,
+            not after a special token) or "never".
+        split: whether "metaspace" cuts the text into words before each `▁`.
     """
 
     vocab: dict[str, int]
@@ -83,6 +92,8 @@ class BPETokenizer:
     unk_token: str | None = None
     byte_fallback: bool = False
     fuse_unk: bool = False
+    prepend_scheme: str = "always"
+    split: bool = True
     kind: ClassVar[str] = "bpe"
     # Derived in __post_init__: the rank of each merge, the bytes of each id, and a cache of encoded words.
     _ranks: dict = field(init=False, repr=False, compare=False)
@@ -95,6 +106,8 @@ class BPETokenizer:
         object.__setattr__(self, "merges", tuple(tuple(pair) for pair in self.merges))
         if self.style not in STYLES:
             raise ValueError(f"style must be one of {STYLES}, got {self.style!r}")
+        if self.prepend_scheme not in bpe_files.PREPEND_SCHEMES:
+            raise ValueError(f"prepend_scheme must be one of {bpe_files.PREPEND_SCHEMES}, got {self.prepend_scheme!r}")
         for rank, (left, right) in enumerate(self.merges):
             missing = [t for t in (left, right, left + right) if t not in self.vocab]
             if missing:
@@ -111,7 +124,7 @@ class BPETokenizer:
         by_id: dict[int, bytes] = {}
         byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
         for token, token_id in self.vocab.items():
-            if self.style == "sentencepiece":
+            if self.style in bpe_files.MARKED_SPACES:
                 if self.byte_fallback and re.fullmatch(BYTE_TOKEN, token):
                     by_id[token_id] = bytes([int(token[3:5], 16)])
                 else:
@@ -151,20 +164,39 @@ class BPETokenizer:
         if unknown := sorted(allowed - set(self.special_tokens)):
             raise ValueError(f"allowed_special names {unknown[:5]!r}, which are not special tokens of this tokenizer")
         ids: list[int] = []
-        for piece, is_special in split_special(text, allowed):
+        for index, (piece, is_special) in enumerate(split_special(text, allowed)):
             if is_special:
                 ids.append(self.special_tokens[piece])
             else:
-                for word in self._words(piece):
+                for word in self._words(piece, at_start=index == 0):
                     ids.extend(self._word_ids(word))
         return np.array(ids, dtype=np.int64)
 
-    def _words(self, piece: str) -> list[str]:
-        """The words of a piece of text between special tokens, spelled as the vocabulary spells them."""
+    def _words(self, piece: str, at_start: bool = True) -> list[str]:
+        """The words of a piece of text between special tokens (`at_start`: the first, at the start of the
+        text), spelled as the vocabulary spells them."""
         if self.style == "sentencepiece":  # Hugging Face's Prepend("▁") and Replace(" ", "▁") normalizers
             return [SPACE_MARK + piece.replace(" ", SPACE_MARK)]
+        if self.style == "metaspace":
+            prepend = self.prepend_scheme == "always" or (self.prepend_scheme == "first" and at_start)
+            return self._metaspace_words(piece, prepend)
         alphabet = bytes_to_unicode()
         return ["".join(alphabet[byte] for byte in word.encode("utf-8")) for word in split_words(piece, self.style)]
+
+    def _metaspace_words(self, piece: str, prepend: bool) -> list[str]:
+        text = piece.replace(" ", SPACE_MARK)
+        if prepend and text and not text.startswith(SPACE_MARK):
+            text = SPACE_MARK + text
+        return MARKED_WORDS.findall(text) if self.split else [text] if text else []
+
+    def continuation_ids(self, text: str) -> list[int]:
+        """The ids of a piece that continues a longer text (`bpe_bulk`): its words as `encode` spells them, but
+        in the `▁` styles without the `▁` put in front of a text's start."""
+        if self.style == "sentencepiece":
+            words = [text.replace(" ", SPACE_MARK)]
+        else:
+            words = self._metaspace_words(text, False) if self.style == "metaspace" else self._words(text)
+        return [i for word in words for i in self._word_ids(word)]
 
     def word_ids(self, word: str) -> tuple[int, ...]:
         """The ids of one word as the vocabulary spells it (after the split into words and, in "sentencepiece"
@@ -203,7 +235,8 @@ class BPETokenizer:
         of one) become U+FFFD. In "sentencepiece" style the `▁` put in front of the text is taken off again."""
         ids = as_ids(ids, self.vocab_size)
         text = b"".join(self._id_bytes[i] for i in ids.tolist()).decode("utf-8", errors="replace")
-        if self.style == "sentencepiece" and text.startswith(" "):  # Hugging Face's Strip(" ", 1, 0) decoder
+        stripped = self.style == "sentencepiece" or (self.style == "metaspace" and self.prepend_scheme != "never")
+        if stripped and text.startswith(" "):  # Hugging Face's Strip(" ", 1, 0) decoder, or Metaspace's
             text = text[1:]
         return text
 

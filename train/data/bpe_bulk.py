@@ -11,7 +11,7 @@ encoded in pieces instead, and the pieces at once:
   follows another character only when no merge joins a symbol ending in another character to one starting
   with `▁` (SentencePiece, splitting at white space as it does by default, never learns one; the merges are
   checked, not assumed): then no merge crosses such a cut. The pieces after the first are encoded without
-  the `▁` put in front.
+  the `▁` put in front. A "metaspace"-style text that splits into words at each `▁` is always cut there.
 - **who encodes the pieces.** `workers` processes of the readable encoder; or, with `fast=True` and Hugging
   Face `tokenizers` installed (an optional extra, never a run-time dependency), its `encode_batch` over
   threads, the tokenizer handed over as its own tokenizer.json with `encode_special_tokens` on, so a special
@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator
 import numpy as np
 
 from train.data.bpe import SPACE_MARK, BPETokenizer
+from train.data.bpe_files import MARKED_SPACES
 from train.data.bpe_split import checked_text
 from train.data.tokenizers import Tokenizer
 
@@ -49,8 +50,10 @@ def cut_pattern(tokenizer: Tokenizer) -> re.Pattern | None:
     with `▁`, which a cut before a space could split)."""
     if not isinstance(tokenizer, BPETokenizer):
         return _ANYWHERE
-    if tokenizer.style != "sentencepiece":
+    if tokenizer.style not in MARKED_SPACES:
         return WORD_CUT
+    if tokenizer.style == "metaspace" and tokenizer.split:  # its words start at `▁`: no merge crosses one
+        return _SPACE_CUT
     if any(not left.endswith(SPACE_MARK) and right.startswith(SPACE_MARK) for left, right in tokenizer.merges):
         return None
     return _SPACE_CUT
@@ -94,11 +97,11 @@ def hugging_face_encoder(tokenizer: BPETokenizer) -> Callable[[list[str]], list[
 
 
 def _encode(tokenizer: Tokenizer, text: str, first: bool = True) -> np.ndarray:
-    """The ids of a piece: `encode`, or for a later piece of a "sentencepiece"-style text its one word
-    without the `▁` put in front of the text."""
-    if first or getattr(tokenizer, "style", None) != "sentencepiece":
+    """The ids of a piece: `encode`, or for a later piece of a `▁`-style text its words without the `▁` put in
+    front of the text (`continuation_ids`)."""
+    if first or getattr(tokenizer, "style", None) not in MARKED_SPACES:
         return np.asarray(tokenizer.encode(text), np.int64)
-    return np.asarray(tokenizer.word_ids(text.replace(" ", SPACE_MARK)), np.int64)
+    return np.asarray(tokenizer.continuation_ids(text), np.int64)
 
 
 _worker_tokenizer: Tokenizer | None = None  # in an encoding process: the tokenizer, handed over once
@@ -141,7 +144,7 @@ def encode_corpus(
     text = checked_text(text)
     encoder = hugging_face_encoder(tokenizer) if fast else None
     if encoder is not None:  # Hugging Face puts a `▁` in front of every piece: a sentencepiece text goes whole
-        where = None if tokenizer.style == "sentencepiece" else WORD_CUT
+        where = None if tokenizer.style in MARKED_SPACES else WORD_CUT
         ids = [np.asarray(part, np.int64) for part in encoder(list(cut([text], where, piece_chars)))]
     else:
         parts = pieces(tokenizer, text, piece_chars)

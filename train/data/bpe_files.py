@@ -1,15 +1,16 @@
 """BPE tokenizers on disk: GPT-2's `vocab.json` + `merges.txt`, and Hugging Face's `tokenizer.json`.
 
 A tokenizer.json names the pieces of Hugging Face's pipeline (normalizer, pre_tokenizer, model, decoder) with
-their settings. Three combinations are read, each the one a known model ships (see `bpe.py` for what they do):
+their settings. Four combinations are read, each the one a known model ships (see `bpe.py` for what they do):
 
 | style | normalizer | pre_tokenizer | model |
 |---|---|---|---|
 | "gpt2" | null | ByteLevel (use_regex, no prefix space) | BPE |
 | "llama3" | null | Sequence[Split(Llama 3's pattern, Isolated), ByteLevel (no regex)] | BPE, ignore_merges |
 | "sentencepiece" | Sequence[Prepend("▁"), Replace(" ", "▁")] | null | BPE, byte_fallback, `<unk>` |
+| "metaspace" | null | Metaspace("▁", prepend_scheme, split) | BPE, byte_fallback, `<unk>` |
 
-Anything else (a WordPiece or Unigram model, a Metaspace pre-tokenizer, dropout, a prefix space, an added
+Anything else (a WordPiece or Unigram model, another pre-tokenizer, dropout, a prefix space, an added
 token that strips spaces...) is refused with an error naming the field and its value: a tokenizer that
 encodes a little differently from the one a model was trained with is worse than none. The post_processor
 (which adds `<s>` or `<|begin_of_text|>` in front) is not applied: `encode` gives the ids of the text alone.
@@ -22,6 +23,8 @@ from pathlib import Path
 from train.data.bpe_split import LLAMA3_PATTERN, PATTERNS
 
 SPACE_MARK = "▁"
+MARKED_SPACES = ("sentencepiece", "metaspace")  # the styles whose spaces are `▁` (SentencePiece's)
+PREPEND_SCHEMES = ("always", "first", "never")  # Metaspace's: a `▁` before every section of text, the first, none
 BYTE_LEVEL_DECODER = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
 SENTENCEPIECE_NORMALIZER = {
     "type": "Sequence",
@@ -53,8 +56,20 @@ def _byte_level(pre_tokenizer: dict, use_regex: bool, source: str, field: str) -
         raise _refuse(source, f"{field}.use_regex", pre_tokenizer.get("use_regex", True), json.dumps(use_regex))
 
 
+def _metaspace(pre_tokenizer: dict, source: str) -> dict:
+    """The settings of a Metaspace pre-tokenizer: `prepend_scheme` and `split` (an older file's
+    `add_prefix_space` is the "always" or "never" scheme, and it always split)."""
+    if pre_tokenizer.get("replacement", SPACE_MARK) != SPACE_MARK:
+        raise _refuse(source, "pre_tokenizer.replacement", pre_tokenizer["replacement"], json.dumps(SPACE_MARK))
+    legacy = "always" if pre_tokenizer.get("add_prefix_space", True) else "never"
+    scheme = pre_tokenizer.get("prepend_scheme", legacy)
+    if scheme not in PREPEND_SCHEMES:
+        raise _refuse(source, "pre_tokenizer.prepend_scheme", scheme, " or ".join(map(json.dumps, PREPEND_SCHEMES)))
+    return {"prepend_scheme": scheme, "split": bool(pre_tokenizer.get("split", True))}
+
+
 def _words_style(data: dict, source: str) -> str:
-    """Which of the three styles the normalizer and pre_tokenizer of `data` describe."""
+    """Which of the four styles the normalizer and pre_tokenizer of `data` describe."""
     normalizer, pre_tokenizer = data.get("normalizer"), data.get("pre_tokenizer")
     if normalizer is not None:
         if normalizer != SENTENCEPIECE_NORMALIZER:
@@ -63,12 +78,14 @@ def _words_style(data: dict, source: str) -> str:
             raise _refuse(source, "pre_tokenizer", pre_tokenizer, "null with that normalizer")
         return "sentencepiece"
     kind = pre_tokenizer.get("type") if isinstance(pre_tokenizer, dict) else pre_tokenizer
+    if kind == "Metaspace":
+        return "metaspace"
     if kind == "ByteLevel":
         _byte_level(pre_tokenizer, True, source, "pre_tokenizer")
         return "gpt2"
     parts = pre_tokenizer.get("pretokenizers", []) if kind == "Sequence" else []
     if [part.get("type") for part in parts] != ["Split", "ByteLevel"]:
-        raise _refuse(source, "pre_tokenizer", pre_tokenizer, "ByteLevel, or Sequence[Split, ByteLevel]")
+        raise _refuse(source, "pre_tokenizer", pre_tokenizer, "ByteLevel, Metaspace, or Sequence[Split, ByteLevel]")
     split = parts[0]
     pattern = split.get("pattern", {}).get("Regex")
     names = [name for name, known in PATTERNS.items() if known == pattern]
@@ -82,10 +99,12 @@ def _words_style(data: dict, source: str) -> str:
 
 
 def _check_decoder(decoder, style: str, source: str) -> None:
-    expected = SENTENCEPIECE_DECODER if style == "sentencepiece" else BYTE_LEVEL_DECODER
+    expected = SENTENCEPIECE_DECODER if style in MARKED_SPACES else BYTE_LEVEL_DECODER
     if decoder is None or decoder.get("type") == expected["type"] == "ByteLevel":
         return
-    if style == "sentencepiece":
+    if style == "metaspace" and decoder.get("type") == "Metaspace":
+        return
+    if style in MARKED_SPACES:
         types = [part.get("type") for part in decoder.get("decoders", [])]
         if decoder == expected or (decoder.get("type") == "Sequence" and types == ["Replace", "Fuse", "Strip"]):
             return
@@ -110,7 +129,7 @@ def _special_tokens(data: dict, style: str, source: str) -> dict[str, int]:
                 raise ValueError(f"{where} has {flag}=true; only added tokens matched exactly are implemented")
         if not token.get("special"):
             raise ValueError(f"{where} has special=false; only special added tokens are implemented")
-        if token.get("normalized") and style == "sentencepiece":
+        if token.get("normalized") and style in MARKED_SPACES:
             raise ValueError(f"{where} has normalized=true; matching after the normalizer is not implemented")
         specials[token["content"]] = token["id"]
     return specials
@@ -132,6 +151,7 @@ def read_tokenizer_json(data: dict, source: str = "tokenizer.json") -> dict:
             raise _refuse(source, f"model.{field}", model[field], "null")
     style = _words_style(data, source)
     _check_decoder(data.get("decoder"), style, source)
+    spaces = _metaspace(data["pre_tokenizer"], source) if style == "metaspace" else {}
     if not isinstance(model.get("vocab"), dict) or not isinstance(model.get("merges"), list):
         raise ValueError(f"{source}: model.vocab must be an object and model.merges a list")
     return {
@@ -143,6 +163,7 @@ def read_tokenizer_json(data: dict, source: str = "tokenizer.json") -> dict:
         "unk_token": model.get("unk_token"),
         "byte_fallback": bool(model.get("byte_fallback", False)),
         "fuse_unk": bool(model.get("fuse_unk", False)),
+        **spaces,
     }
 
 
@@ -160,14 +181,27 @@ def read_gpt2_files(vocab_path: str | Path, merges_path: str | Path) -> dict:
     return {"vocab": vocab, "merges": merges, "special_tokens": specials, "style": "gpt2"}
 
 
-def _pre_tokenizer(style: str) -> dict | None:
+def _pre_tokenizer(tokenizer) -> dict | None:
+    style = tokenizer.style
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": style == "gpt2"}
+    if style == "metaspace":
+        return {"type": "Metaspace", "replacement": SPACE_MARK} | _spaces(tokenizer)
     if style == "gpt2":
         return byte_level
     if style == "llama3":
         split = {"type": "Split", "pattern": {"Regex": LLAMA3_PATTERN}, "behavior": "Isolated", "invert": False}
         return {"type": "Sequence", "pretokenizers": [split, byte_level]}
     return None
+
+
+def _spaces(tokenizer) -> dict:
+    return {"prepend_scheme": tokenizer.prepend_scheme, "split": tokenizer.split}
+
+
+def _decoder(tokenizer) -> dict:
+    if tokenizer.style == "metaspace":
+        return {"type": "Metaspace", "replacement": SPACE_MARK} | _spaces(tokenizer)
+    return SENTENCEPIECE_DECODER if tokenizer.style == "sentencepiece" else BYTE_LEVEL_DECODER
 
 
 def write_tokenizer_json(tokenizer) -> dict:
@@ -184,9 +218,9 @@ def write_tokenizer_json(tokenizer) -> dict:
         "padding": None,
         "added_tokens": added,
         "normalizer": SENTENCEPIECE_NORMALIZER if sentencepiece else None,
-        "pre_tokenizer": _pre_tokenizer(tokenizer.style),
+        "pre_tokenizer": _pre_tokenizer(tokenizer),
         "post_processor": None,
-        "decoder": SENTENCEPIECE_DECODER if sentencepiece else BYTE_LEVEL_DECODER,
+        "decoder": _decoder(tokenizer),
         "model": {
             "type": "BPE",
             "dropout": None,

@@ -134,3 +134,29 @@ def hf_sentencepiece_by_words():
     }
     data["decoder"] = SENTENCEPIECE_DECODER
     return tokenizers.Tokenizer.from_str(json.dumps(data)), data
+
+
+@pytest.fixture(scope="session", params=[("first", True), ("always", True), ("never", True), ("first", False)])
+def hf_metaspace(request):
+    """Mistral's and newer Llama conversions' form: the Metaspace pre-tokenizer (each prepend scheme, with and
+    without its split into words) and decoder, no normalizer, `<unk>`, `<s>`, `</s>` and byte fallback; the
+    Thai, Devanagari and emoji lines left out of training, so they fall back to bytes. Returns (tokenizer, JSON)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers
+
+    scheme, split = request.param
+    tokenizer = tokenizers.Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme, split=split)
+    if scheme == "first":  # as Mistral's tokenizer.json: Llama 2's decoder, which turns byte tokens into bytes
+        tokenizer.decoder = decoders.Sequence(
+            [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+        )
+    else:  # the Metaspace decoder, which leaves byte tokens as their names
+        tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=scheme, split=split)
+    seen = [text for text in HOSTILE if not any(mark in text for mark in ("ส", "न", "👍"))]
+    data = _train(tokenizer, seen, 500, ["<unk>", "<s>", "</s>"], byte_level=False)
+    trained = sorted(data["model"]["vocab"].items(), key=lambda item: item[1])
+    byte_tokens = [f"<0x{byte:02X}>" for byte in range(256) if f"<0x{byte:02X}>" not in data["model"]["vocab"]]
+    tokens = [token for token, _ in trained[:3]] + byte_tokens + [token for token, _ in trained[3:]]
+    data["model"]["vocab"] = {token: i for i, token in enumerate(tokens)}
+    return tokenizers.Tokenizer.from_str(json.dumps(data)), data

@@ -118,3 +118,29 @@ def test_unknown_characters_without_fallback():
     assert fused.encode("a xyb").tolist() == [4, 1, 0, 3]
     with pytest.raises(ValueError, match=r"character 'x' \(U\+0078\) in the word '▁▁xa' has no token"):
         BPETokenizer(vocab, (), {}, "sentencepiece").encode(" xa")
+
+
+def test_metaspace_matches_hugging_face_encode_and_decode(hf_metaspace):
+    """Every prepend scheme, split into words or not: the ids of hostile text with and without special tokens
+    matched (after a special token "first" puts no `▁`), the decoded text, and the tokenizer.json written back."""
+    reference, data = hf_metaspace
+    ours = BPETokenizer.from_json(data)
+    assert (ours.style, ours.prepend_scheme, ours.split) == (
+        "metaspace",
+        *(data["pre_tokenizer"][k] for k in ("prepend_scheme", "split")),
+    )
+    for text in [*HOSTILE, "".join(HOSTILE), "\n".join(HOSTILE), "<s>after a special", "a<s> b<s>"]:
+        assert ours.encode(text).tolist() == reference_ids(reference, text, specials=False), repr(text)
+        everything = ours.encode(text, allowed_special="all")
+        assert everything.tolist() == reference_ids(reference, text, specials=True), repr(text)
+        fallback = any(token.startswith("<0x") for token in reference.encode(text).tokens)
+        if data["decoder"]["type"] != "Metaspace" or not fallback:  # that decoder leaves `<0xE0>` as it is
+            assert ours.decode(everything) == reference.decode(everything.tolist(), skip_special_tokens=False)
+    again = BPETokenizer.from_json(ours.to_json())
+    assert (again.prepend_scheme, again.split) == (ours.prepend_scheme, ours.split)
+
+
+def test_a_metaspace_replacement_other_than_the_space_mark_is_refused(hf_metaspace):
+    data = {**hf_metaspace[1], "pre_tokenizer": {**hf_metaspace[1]["pre_tokenizer"], "replacement": "_"}}
+    with pytest.raises(ValueError, match=r'pre_tokenizer.replacement is "_"; only "\\u2581" is implemented'):
+        BPETokenizer.from_json(data)

@@ -62,3 +62,16 @@ def test_a_sentencepiece_text_is_cut_only_when_no_merge_crosses_a_space(request)
     want = by_words.encode(text)
     np.testing.assert_array_equal(bpe_bulk.encode_corpus(by_words, text, piece_chars=40), want)
     np.testing.assert_array_equal(bpe_bulk.encode_corpus(by_words, text, workers=2, piece_chars=2000), want)
+
+
+def test_a_metaspace_text_is_cut_before_spaces_when_it_splits_into_words(hf_metaspace):
+    """Split into words at `▁`, no merge crosses one, so the text is cut before spaces; unsplit, as the
+    SentencePiece style, only when no merge crosses. The ids are the whole text's either way."""
+    tokenizer = BPETokenizer.from_json(hf_metaspace[1])
+    text = corpus(5)
+    parts = bpe_bulk.pieces(tokenizer, text, size=40)
+    assert "".join(parts) == text
+    assert len(parts) > 20 if tokenizer.split else bpe_bulk.cut_pattern(tokenizer) is None or len(parts) > 20
+    want = tokenizer.encode(text)
+    np.testing.assert_array_equal(np.concatenate(list(bpe_bulk.encode_pieces(tokenizer, parts))), want)
+    np.testing.assert_array_equal(bpe_bulk.encode_corpus(tokenizer, text, piece_chars=40), want)

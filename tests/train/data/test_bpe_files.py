@@ -55,8 +55,8 @@ REFUSED = [
     (
         "hf_gpt2",
         "pre_tokenizer",
-        {"type": "Metaspace", "replacement": "▁"},
-        r"pre_tokenizer is \{\"type\": \"Metaspace",
+        {"type": "Whitespace"},
+        r"pre_tokenizer is \{\"type\": \"Whitespace\"\}; only ByteLevel, Metaspace,",
     ),
     ("hf_gpt2", "normalizer", {"type": "Lowercase"}, r"normalizer is \{\"type\": \"Lowercase\"\}"),
     ("hf_gpt2", "decoder", {"type": "WordPiece"}, r"decoder is \{\"type\": \"WordPiece\"\}"),
