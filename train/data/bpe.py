@@ -18,7 +18,8 @@ merge; each remaining piece is a token of the vocabulary. The steps, in the orde
      each space becomes `▁`, a `▁` goes in front of a piece not already starting with one (`prepend_scheme`
      "always"; "first": only at the start of the text; "never"), and with `split` the text is cut into words
      before each `▁` (else it is one word, as "sentencepiece"); characters as in "sentencepiece";
-3. each word is merged (a cache keeps the ids of words already seen) and looked up in the vocabulary.
+3. each word is merged (a cache keeps the ids of words already seen, up to `CACHED_WORDS` of them, so memory
+   stays bounded on a corpus of any size) and looked up in the vocabulary.
    With `ignore_merges` (Llama 3), a word that is itself a token is taken whole.
 
 The file formats (GPT-2's vocab.json + merges.txt, Hugging Face's tokenizer.json) are in `bpe_files.py`,
@@ -42,6 +43,7 @@ from train.data.token_ids import TokenIds, as_ids
 STYLES = ("gpt2", "llama3", "sentencepiece", "metaspace")
 SPACE_MARK = "▁"  # U+2581, SentencePiece's visible space
 MARKED_WORDS = re.compile(f"{SPACE_MARK}[^{SPACE_MARK}]*|[^{SPACE_MARK}]+")  # Metaspace's split: `▁` starts a word
+CACHED_WORDS = 1 << 20  # the most words whose ids are kept; the frequent ones come back at once after a clear
 BYTE_TOKEN = r"<0x[0-9A-F]{2}>"  # a byte-fallback token, `<0x00>`..`<0xFF>` (SentencePiece spells them upper case)
 
 
@@ -205,6 +207,8 @@ class BPETokenizer:
 
     def _word_ids(self, word: str) -> tuple[int, ...]:
         if word not in self._cache:
+            if len(self._cache) >= CACHED_WORDS:  # a corpus of millions of distinct words: start afresh
+                self._cache.clear()
             if self.ignore_merges and word in self.vocab:
                 self._cache[word] = (self.vocab[word],)
             else:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tests.train.data.conftest import HOSTILE
+from train.data import bpe
 from train.data.bpe import BPETokenizer, merge_word
 from train.data.bpe_split import bytes_to_unicode, split_special, split_words
 
@@ -144,3 +145,14 @@ def test_a_metaspace_replacement_other_than_the_space_mark_is_refused(hf_metaspa
     data = {**hf_metaspace[1], "pre_tokenizer": {**hf_metaspace[1]["pre_tokenizer"], "replacement": "_"}}
     with pytest.raises(ValueError, match=r'pre_tokenizer.replacement is "_"; only "\\u2581" is implemented'):
         BPETokenizer.from_json(data)
+
+
+def test_the_word_cache_is_bounded_and_changes_no_id(hf_gpt2, monkeypatch):
+    """A corpus of millions of distinct words must not grow the cache without bound: past CACHED_WORDS it starts
+    afresh, and the ids are those of an encoder that never cleared it."""
+    text = " ".join(HOSTILE) * 2
+    want = BPETokenizer.from_json(hf_gpt2[1]).encode(text)
+    monkeypatch.setattr(bpe, "CACHED_WORDS", 5)
+    small = BPETokenizer.from_json(hf_gpt2[1])
+    np.testing.assert_array_equal(small.encode(text), want)
+    assert 0 < len(small._cache) <= 5
