@@ -20,6 +20,7 @@ import numpy as np
 
 from bench.timing import interleaved_medians
 from models import mlp
+from purejax import random as prandom
 from purejax.nn import attention, layer_norm
 from purejax.nn import mlp as mlp_layer
 
@@ -47,13 +48,13 @@ ATTN = attention.AttentionConfig(d_model=384, n_head=6, bias=True, causal=True)
 
 
 def init_block(key):
-    keys = jax.random.split(key, 2)
+    keys = prandom.named_keys(key, "ln_1", "attn", "ln_2", "mlp")
     d = ATTN.d_model
     return {
-        "ln_1": layer_norm.init(None, d),
-        "attn": attention.init(keys[0], ATTN),
-        "ln_2": layer_norm.init(None, d),
-        "mlp": mlp_layer.init(keys[1], d, 4 * d),
+        "ln_1": layer_norm.init(keys["ln_1"], d),
+        "attn": attention.init(keys["attn"], ATTN),
+        "ln_2": layer_norm.init(keys["ln_2"], d),
+        "mlp": mlp_layer.init(keys["mlp"], d, 4 * d),
     }
 
 

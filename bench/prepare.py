@@ -47,28 +47,33 @@ with open(out, "wb") as f:
             np.asarray(ids, np.uint16).tofile(f)
 """
 DATA = "import sys; from train.data.__main__ import main; main(sys.argv[1:])"
-PEAK = "import resource; print('peak_kb', max(resource.getrusage(w).ru_maxrss for w in (0, -1)))"
+# The peak resident memory of this process (VmHWM: its own, from its exec on) and of its largest child.
+PEAK = """
+import re, resource
+own = int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1))
+print("peak_kb", max(own, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))
+"""
 
 
 def build_corpus(path: Path, megabytes: int) -> float:
-    """Write the corpus to `path`; returns the distinct megabytes it was made of."""
-    roots = sorted({Path(sys.prefix), Path(sys.base_prefix)})
-    wanted, distinct, parts = megabytes * 1_000_000, 0, []
-    for root in roots:
-        for file in text_files(root):
-            if distinct >= wanted:
-                break
-            try:
-                parts.append(file.read_bytes().decode("utf-8"))
-            except (OSError, UnicodeDecodeError):
-                continue
-            distinct += len(parts[-1].encode())
-    text = "\n\n".join(parts)
-    with path.open("w", encoding="utf-8") as f:
-        written = 0
-        while written < wanted:
-            f.write(text[: wanted - written])
-            written += min(len(text), wanted - written)
+    """Write the corpus to `path`, a file at a time (so this process stays small: a child's peak memory counts
+    what its parent held when it started); returns the distinct megabytes it was made of."""
+    wanted, written = megabytes * 1_000_000, 0
+    with path.open("w", encoding="utf-8") as out:
+        for root in sorted({Path(sys.prefix), Path(sys.base_prefix)}):
+            for file in text_files(root):
+                try:
+                    text = file.read_bytes().decode("utf-8")
+                except (OSError, UnicodeDecodeError):
+                    continue
+                written += out.write(("\n\n" if written else "") + text[: wanted - written])
+                if written >= wanted:
+                    return written / 1e6
+    distinct = written
+    with path.open("a", encoding="utf-8") as out, path.open(encoding="utf-8") as again:
+        while written < wanted:  # repeat the text from its start until the size is reached
+            chunk = again.read(min(1 << 22, wanted - written))
+            written += out.write(chunk)
     return distinct / 1e6
 
 
@@ -92,6 +97,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         distinct = build_corpus(tmp / "corpus.txt", args.size_mb)
+        size_bytes = (tmp / "corpus.txt").stat().st_size
         with (tmp / "corpus.txt").open(encoding="utf-8") as f:
             sample = f.read(4_000_000)
         (tmp / "tokenizer.json").write_text(json.dumps(train_bpe(sample, args.vocab_size).to_json()))
@@ -102,8 +108,10 @@ def main() -> None:
         theirs = timed([sys.executable, "-c", f"{TIKTOKEN}\n{PEAK}", *peer_args])
         ids = np.concatenate([np.fromfile(tmp / "data" / name, np.uint16) for name in ("train.bin", "val.bin")])
         same = np.array_equal(ids, np.fromfile(tmp / "tiktoken.bin", np.uint16))
-    megabytes = args.size_mb
-    print(f"{megabytes:,} MB of text ({distinct:,.0f} MB distinct), a BPE of {args.vocab_size}, {args.workers} workers")
+    megabytes = size_bytes / 1e6
+    print(
+        f"{megabytes:,.0f} MB of text ({distinct:,.0f} MB distinct), a BPE of {args.vocab_size}, {args.workers} workers"
+    )
     print("| contender | s | MB/s | peak memory GB | same ids |")
     print("|---|---:|---:|---:|---|")
     for name, (seconds, peak) in (("train.data", ours), ("tiktoken, nanoGPT", theirs)):
