@@ -113,7 +113,7 @@ def prepare(
     (out_dir / "meta.json").unlink(missing_ok=True)
     tokens_path = out_dir / ".tokens.tmp"
     try:
-        text = _write_tokens(tokenizer, source, tokens_path, DTYPES[dtype], workers, progress)
+        text_fields = _write_tokens(tokenizer, source, tokens_path, DTYPES[dtype], workers, progress)
         n_tokens = tokens_path.stat().st_size // DTYPES[dtype].itemsize
         n_train = split_point(n_tokens)
         if n_train == 0:
@@ -125,7 +125,7 @@ def prepare(
         "source": source.description,
         "files": source.files,
         "python_version": platform.python_version(),
-        **text,
+        **text_fields,
         "tokenizer": tokenizer.kind,
         "vocab_size": tokenizer.vocab_size,
         "dtype": dtype,
