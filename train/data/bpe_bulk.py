@@ -19,7 +19,7 @@ encoded in pieces instead, and the pieces at once:
   (which caches the words it has seen) outran `tokenizers`, so it is the default (docs/benchmarks.md,
   `python -m bench.tokenize`).
 - **a stream.** `cut` takes the text as chunks and holds one piece at a time, and `encode_pieces` keeps at
-  most two pieces per process in flight, so `prepare` (train/data/stream.py) encodes a corpus larger than
+  most two pieces per process in flight, so `prepare` (train/data/prepare.py) encodes a corpus larger than
   memory. A char or byte tokenizer's text is cut anywhere.
 
 The tests check the ids against `encode` on hostile text in each style, both ways.
