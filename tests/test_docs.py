@@ -81,6 +81,8 @@ def run_fresh(page: Path, blocks: list[tuple[int, str]], environment: dict[str, 
     script = cwd / "blocks.json"
     script.write_text(json.dumps([(f"{page.relative_to(ROOT)}:{line}", code) for line, code in blocks]))
     env = {**os.environ, **environment, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    if "XLA_FLAGS" in environment:  # the page's flags after the suite's own (tests/conftest.py)
+        env["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {environment['XLA_FLAGS']}".strip()
     run = subprocess.run(
         [sys.executable, "-c", RUNNER, str(script), f"doc:{page.name}"],
         cwd=cwd,

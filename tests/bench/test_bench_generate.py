@@ -1,6 +1,11 @@
 """bench/gpt_generate.py without timing anything: the bytes and FLOPs of a cached decoding step, the two sides of
 the roofline its step time is measured against, each counted a second, independent way."""
 
+import json
+import os
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +14,7 @@ from jax.extend import core as jax_core
 
 from bench import gpt_generate
 from models import gpt, gpt_decode
+from tests.children import child_results
 
 TINY = gpt.GPTConfig(block_size=16, vocab_size=11, n_layer=2, n_head=2, n_embd=8)
 BENCH = gpt.GPTConfig(block_size=256, vocab_size=65, n_layer=6, n_head=6, n_embd=384)  # what the bench runs
@@ -66,15 +72,28 @@ def test_step_bytes_are_the_params_and_the_whole_cache():
         assert abs(param_bytes + cache_bytes - total) < 0.05e6
 
 
-def test_the_kernel_profile_finds_every_weight_product_and_the_cache_in_the_compiled_loop():
-    """bench/gpt_generate_profile.py reads generate's optimized HLO: the loop body's weight products do the
-    step's weight FLOPs and read every weight, its attention products read each layer's keys and values once,
-    and each layer writes its keys and values (a profile adds only times to these)."""
+PROFILED = gpt.GPTConfig(block_size=32, vocab_size=11, n_layer=2, n_head=2, n_embd=16)
+
+
+def _compile_generate(out: str) -> None:
+    """Child process: write `generate`'s optimized HLO (batch 3, a prompt of 4) as gpt_generate_profile reads it."""
     from bench import gpt_generate_profile
 
-    config = gpt.GPTConfig(block_size=32, vocab_size=11, n_layer=2, n_head=2, n_embd=16)
-    batch = 3
-    _, hlo_text, cache, steps = gpt_generate_profile.generate_program(config, batch, prompt_len=4)
+    _, hlo_text, cache, steps = gpt_generate_profile.generate_program(PROFILED, 3, prompt_len=4)
+    Path(out).write_text(json.dumps({"hlo": hlo_text, "cache": cache, "steps": steps}))
+
+
+def test_the_kernel_profile_finds_every_weight_product_and_the_cache_in_the_compiled_loop(tmp_path):
+    """bench/gpt_generate_profile.py reads generate's optimized HLO: the loop body's weight products do the
+    step's weight FLOPs and read every weight, its attention products read each layer's keys and values once,
+    and each layer writes its keys and values (a profile adds only times to these). The program is compiled in
+    a child with XLA:CPU's fusion emitters on, as a user's is (the suite turns them off: tests/conftest.py)."""
+    from bench import gpt_generate_profile
+
+    flags = os.environ.get("XLA_FLAGS", "").replace("--xla_cpu_use_fusion_emitters=false", "")
+    program = child_results(__file__, tmp_path, env={"XLA_FLAGS": flags})
+    config, batch, hlo_text, steps = PROFILED, 3, program["hlo"], program["steps"]
+    cache = gpt_generate_profile.CacheShape(*program["cache"])
     assert steps == 28 and cache == (3 * 2 * 32 * 8, 32, 8)  # rows x heads x slots x head width
     groups = {}
     for kernel in gpt_generate_profile.kernels(hlo_text, cache).values():
@@ -86,3 +105,7 @@ def test_the_kernel_profile_finds_every_weight_product_and_the_cache_in_the_comp
     assert sum(k.nbytes for k in groups["weights"]) >= param_bytes - 32 * 16 * 4  # wpe is a lookup, not a product
     assert cache_bytes <= sum(k.nbytes for k in groups["attention"]) < 1.2 * cache_bytes
     assert len(groups["cache in place"]) >= 2 * config.n_layer
+
+
+if __name__ == "__main__":
+    _compile_generate(sys.argv[1])

@@ -96,7 +96,7 @@ def test_context_parallel_memory_per_device_falls_with_the_ring(results):
 
 
 def main(out: str) -> None:
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     from jaxtyping import install_import_hook
 
     # run-time shape checks, as in the test process (tests/conftest.py)

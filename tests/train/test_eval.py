@@ -83,7 +83,8 @@ def test_two_devices_split_the_windows_and_agree_with_one(run, tmp_path):
     (tmp_path / "text.txt").write_text("def score(window):\n    return len(window)\n" * 3)
     args = [f"--model={run}", f"--text={tmp_path / 'text.txt'}", "--stride=6", "--batch_size=3"]
     code = f"import jax; from train import eval; assert jax.local_device_count() == 2; print(eval.main({args!r}))"
-    flags = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+    two_devices = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2"
+    flags = {"XLA_FLAGS": two_devices, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, "-c", code], env={**os.environ, **flags}, capture_output=True, text=True, timeout=120
     )

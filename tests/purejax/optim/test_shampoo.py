@@ -8,6 +8,7 @@ the compiled step."""
 
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -260,7 +261,7 @@ def test_a_stacked_prefix_on_a_scalar_is_named():
 
 @pytest.fixture(scope="module")
 def distributed(tmp_path_factory):
-    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env = {"XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"}
     return child_results(__file__, tmp_path_factory.mktemp("shampoo"), env=env)
 
 

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[3]
 # 2 x 2 mesh, then check every d<id>[slices] that describe prints against the shard jax put on device <id>.
 CHILD = r"""
 import os, re
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
 import jax, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 from purejax import parallel
