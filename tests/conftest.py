@@ -13,16 +13,18 @@ subprocesses share it) lets a program compiled by one test, or one run of the su
 Most of the suite's time is XLA compiling programs that then run for milliseconds, so the suite asks XLA for
 little optimization (`JAX_DISABLE_MOST_OPTIMIZATIONS`, JAX's switch for exactly that: LLVM's expensive passes
 off; the HLO passes that fuse, assign buffers and place collectives still run, so the tests that count
-collectives, copies and bytes see what a training run compiles). On a cold cache it halved the time of the
-GPT-decoding, DiT and remat tests (140 -> 74 s, 2 cores). Set it to 0 to test fully optimized programs.
-On jaxlib 0.10 it also turns off XLA:CPU's fusion emitters (`--xla_cpu_use_fusion_emitters=false`): the
-older emitters compile a small program in about half the time. jaxlib 0.12 no longer knows the flag, and
-XLA stops the process on a flag it does not know, so it is set only for the jaxlib it was measured on.
+collectives, copies and bytes see what a training run compiles), and on jaxlib 0.10 for XLA:CPU's older
+emitters (`--xla_cpu_use_fusion_emitters=false`), which compile a small program in less than half the time
+(docs/benchmarks.md, `python -m bench.suite_compile`). jaxlib 0.12 no longer knows that flag, and XLA stops
+the process on a flag it does not know, so it is set only where jaxlib has it. The few tests that read the
+program a user compiles (its optimized HLO, or bit-for-bit agreement with optax) compile with the emitters
+on. Set JAX_DISABLE_MOST_OPTIMIZATIONS=0 to test fully optimized programs.
 """
 
 import os
-from importlib.metadata import version
 from pathlib import Path
+
+from bench.suite_compile import OLDER_EMITTERS, has_older_emitters  # the standard library only: JAX not yet
 
 CACHE = Path(__file__).resolve().parent.parent / ".pytest_cache" / "jax-compilation-cache"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -31,15 +33,9 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 
-def _older_cpu_emitters_on_jaxlib_0_10() -> None:
-    """Append `--xla_cpu_use_fusion_emitters=false` to XLA_FLAGS where jaxlib is 0.10 (see the docstring)."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    jaxlib = tuple(int(part) for part in version("jaxlib").split(".")[:2])
-    if jaxlib == (0, 10) and os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] != "0" and "fusion_emitters" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_use_fusion_emitters=false".strip()
-
-
-_older_cpu_emitters_on_jaxlib_0_10()
+flags = os.environ.get("XLA_FLAGS", "")
+if has_older_emitters() and os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] != "0" and "fusion_emitters" not in flags:
+    os.environ["XLA_FLAGS"] = f"{flags} {OLDER_EMITTERS}".strip()
 
 from jaxtyping import install_import_hook  # noqa: E402
 

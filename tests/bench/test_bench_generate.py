@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from jax.extend import core as jax_core
 
-from bench import gpt_generate
+from bench import gpt_generate, suite_compile
 from models import gpt, gpt_decode
 from tests.children import child_results
 
@@ -90,7 +90,7 @@ def test_the_kernel_profile_finds_every_weight_product_and_the_cache_in_the_comp
     a child with XLA:CPU's fusion emitters on, as a user's is (the suite turns them off: tests/conftest.py)."""
     from bench import gpt_generate_profile
 
-    flags = os.environ.get("XLA_FLAGS", "").replace("--xla_cpu_use_fusion_emitters=false", "")
+    flags = os.environ.get("XLA_FLAGS", "").replace(suite_compile.OLDER_EMITTERS, "")
     program = child_results(__file__, tmp_path, env={"XLA_FLAGS": flags})
     config, batch, hlo_text, steps = PROFILED, 3, program["hlo"], program["steps"]
     cache = gpt_generate_profile.CacheShape(*program["cache"])

@@ -16,6 +16,7 @@ import numpy as np
 import optax
 import pytest
 
+from bench.suite_compile import OLDER_EMITTERS
 from purejax import optim
 
 # Leaf shapes chosen to cover scalars, vectors, matrices in both orientations and a 3-d leaf (Adafactor factors
@@ -42,7 +43,7 @@ def gradient_sequence(params, steps: int, seed: int = 42):
     return jax.tree_util.tree_map(lambda p: jnp.asarray(rng.normal(size=(steps, *p.shape)), p.dtype), params)
 
 
-USERS_EMITTERS = {"xla_cpu_use_fusion_emitters": True} if "emitters=false" in os.environ.get("XLA_FLAGS", "") else {}
+USERS_EMITTERS = {"xla_cpu_use_fusion_emitters": True} if OLDER_EMITTERS in os.environ.get("XLA_FLAGS", "") else {}
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1), compiler_options=USERS_EMITTERS)
