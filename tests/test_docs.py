@@ -18,6 +18,11 @@ render:
 
     <!-- docs-test: fresh-process XLA_FLAGS=--xla_force_host_platform_device_count=8 -->
 
+A page whose examples train for hundreds of steps asks for XLA's optimizations back the same way
+(`fresh-process JAX_DISABLE_MOST_OPTIMIZATIONS=0`): the suite compiles with most of them off (tests/conftest.py),
+which costs such a loop more in its steps than it saves in compilation (docs/small-models.md; the figures
+are in docs/benchmarks.md).
+
 Its blocks then run in order, in one namespace, in a new Python process (this one's interpreter, the page's
 variables added to the environment, cwd a temporary directory); a failure shows that process's output, with
 each traceback naming the page and the block's first line as above.
