@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.children import once_per_session
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -30,6 +32,11 @@ def run_child():
 def big_checkpoint(tmp_path_factory) -> tuple[Path, dict]:
     """A 240 MB checkpoint saved in 16 MiB chunks, and what saving it cost (see peak_memory.py):
     `(path, {"data": bytes, "extra": peak RSS the save added, "chunk_bytes": 16 MiB})`."""
-    path, chunk_bytes = tmp_path_factory.mktemp("big") / "big.msgpack", 16 * 2**20
-    out = _run_child("peak_memory.py", "save", str(path), "240", str(chunk_bytes))
-    return path, {**json.loads(out.strip().splitlines()[-1]), "chunk_bytes": chunk_bytes}
+    chunk_bytes = 16 * 2**20
+
+    def save(directory: Path) -> tuple[str, dict]:  # once for the session, whichever worker asks first
+        out = _run_child("peak_memory.py", "save", str(directory / "big.msgpack"), "240", str(chunk_bytes))
+        return str(directory / "big.msgpack"), {**json.loads(out.strip().splitlines()[-1]), "chunk_bytes": chunk_bytes}
+
+    path, cost = once_per_session(tmp_path_factory, "big_checkpoint", save)
+    return Path(path), cost

@@ -5,12 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.children import child_results
+from tests.children import child_results, once_per_session
 
 HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="session")
 def mesh_results(tmp_path_factory) -> dict:
-    """What parallel_child.py measured on 8 simulated CPU devices (see its functions for each entry)."""
-    return child_results(HERE / "parallel_child.py", tmp_path_factory.mktemp("parallel"))
+    """What parallel_child.py measured on 8 simulated CPU devices (see its functions for each entry), once for
+    the whole session however the test files are shared out over workers."""
+    return once_per_session(tmp_path_factory, "parallel", lambda out: child_results(HERE / "parallel_child.py", out))
