@@ -18,23 +18,21 @@ import resource
 import statistics
 import threading
 import time
-from functools import partial
+from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
 
+from bench.gpt_compile import lower_step
 from models import gpt
 
 _vocab_sizes = itertools.count(65)  # a new program for every compilation
 
 
 def lowered_step(n_layer: int) -> jax.stages.Lowered:
-    """A GPT training step's value and gradient (4 heads, width 128, block 64, batch 8), lowered, not
-    compiled; a vocabulary size never used before makes it a new program."""
+    """`bench.gpt_compile.lower_step`'s program (4 heads, width 128, block 64, batch 8), lowered, not compiled;
+    a vocabulary size never used before makes it a new program."""
     config = gpt.GPTConfig(64, vocab_size=next(_vocab_sizes), n_layer=n_layer, n_head=4, n_embd=128)
-    params = jax.eval_shape(partial(gpt.init, config=config), jax.random.key(0))
-    tokens = jax.ShapeDtypeStruct((8, config.block_size), jnp.int32)
-    return jax.jit(jax.value_and_grad(gpt.loss), static_argnames="config").lower(params, (tokens, tokens), config)
+    return lower_step(config)
 
 
 def cpu_seconds() -> float:
@@ -43,7 +41,9 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def timed(compile_all, programs: list[jax.stages.Lowered]) -> tuple[float, float]:
+def timed(
+    compile_all: Callable[[list[jax.stages.Lowered]], None], programs: list[jax.stages.Lowered]
+) -> tuple[float, float]:
     """(wall seconds, CPU seconds) of `compile_all(programs)`."""
     wall, cpu = time.perf_counter(), cpu_seconds()
     compile_all(programs)
@@ -51,11 +51,13 @@ def timed(compile_all, programs: list[jax.stages.Lowered]) -> tuple[float, float
 
 
 def one_after_the_other(programs: list[jax.stages.Lowered]) -> None:
+    """Compile each program in turn, on this thread."""
     for program in programs:
         program.compile()
 
 
 def side_by_side(programs: list[jax.stages.Lowered]) -> None:
+    """Compile every program at once, each on a thread of its own."""
     threads = [threading.Thread(target=program.compile) for program in programs]
     for thread in threads:
         thread.start()

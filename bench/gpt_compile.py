@@ -18,13 +18,19 @@ import jax.numpy as jnp
 from models import gpt
 
 
-def compile_seconds(config: gpt.GPTConfig, batch: int = 8) -> tuple[float, float]:
-    """(trace and lower, XLA compile) seconds for one training step's value and gradient."""
+def lower_step(config: gpt.GPTConfig, batch: int = 8) -> jax.stages.Lowered:
+    """One training step's value and gradient for `config` and `batch` rows, traced and lowered from shapes
+    alone (nothing computed), not yet compiled."""
     params = jax.eval_shape(partial(gpt.init, config=config), jax.random.key(0))
     tokens = jax.ShapeDtypeStruct((batch, config.block_size), jnp.int32)
     step = jax.jit(jax.value_and_grad(gpt.loss), static_argnames="config")
+    return step.lower(params, (tokens, tokens), config)
+
+
+def compile_seconds(config: gpt.GPTConfig, batch: int = 8) -> tuple[float, float]:
+    """(trace and lower, XLA compile) seconds for one training step's value and gradient."""
     start = time.perf_counter()
-    lowered = step.lower(params, (tokens, tokens), config)
+    lowered = lower_step(config, batch)
     traced = time.perf_counter() - start
     start = time.perf_counter()
     lowered.compile()

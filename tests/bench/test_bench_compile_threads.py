@@ -7,7 +7,7 @@ from bench import compile_threads
 from train.kit.compile_cache import BACKEND_COMPILE
 
 
-def test_each_way_compiles_new_programs_and_counts_every_threads_cpu():
+def test_each_way_compiles_new_programs_every_time():
     compiled = []
 
     def listen(event, seconds, **kwargs):

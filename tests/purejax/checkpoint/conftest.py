@@ -35,8 +35,9 @@ def big_checkpoint(tmp_path_factory) -> tuple[Path, dict]:
     chunk_bytes = 16 * 2**20
 
     def save(directory: Path) -> tuple[str, dict]:  # once for the session, whichever worker asks first
-        out = _run_child("peak_memory.py", "save", str(directory / "big.msgpack"), "240", str(chunk_bytes))
-        return str(directory / "big.msgpack"), {**json.loads(out.strip().splitlines()[-1]), "chunk_bytes": chunk_bytes}
+        path = directory / "big.msgpack"
+        out = _run_child("peak_memory.py", "save", str(path), "240", str(chunk_bytes))
+        return str(path), {**json.loads(out.strip().splitlines()[-1]), "chunk_bytes": chunk_bytes}
 
     path, cost = once_per_session(tmp_path_factory, "big_checkpoint", save)
     return Path(path), cost
