@@ -9,8 +9,10 @@ are printed). The tokenizer: a GPT-2-style BPE of --vocab_size tokens trained by
 first 4 MB, saved as tokenizer.json. The contenders, each a fresh process whose peak resident memory (its own
 and its children's) is reported:
 
-    train.data          python -m train.data --input corpus.txt --tokenizer tokenizer.json --workers N: the text
-                        streamed, encoded by the readable encoder over N processes, written as it comes
+    train.data          python -m train.data --input corpus.txt --tokenizer tokenizer.json: the text streamed,
+                        encoded by tiktoken given the whole tokens, exact (--encoder tiktoken, the default
+                        where it is installed), on every core, written as it comes
+    train.data, readable  the same with --encoder readable --workers N: the readable encoder over N processes
     tiktoken, nanoGPT   the same BPE as tiktoken ranks with GPT-2's pattern; the text read a megabyte piece at a
                         time (train.data's cuts), encode_ordinary_batch over 64 pieces at once on every core,
                         each piece's ids appended as uint16 to one file (nanoGPT's prepare.py, without HF datasets)
@@ -88,6 +90,11 @@ def timed(command: list[str]) -> tuple[float, float]:
     return seconds, peak_kb / 1e6
 
 
+def token_ids(directory: Path) -> np.ndarray:
+    """A prepared dataset's ids, train then val: the whole corpus's."""
+    return np.concatenate([np.fromfile(directory / name, np.uint16) for name in ("train.bin", "val.bin")])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size_mb", type=int, default=100)
@@ -102,20 +109,26 @@ def main() -> None:
             sample = f.read(4_000_000)
         (tmp / "tokenizer.json").write_text(json.dumps(train_bpe(sample, args.vocab_size).to_json()))
         data_args = ["--input", str(tmp / "corpus.txt"), "--tokenizer", str(tmp / "tokenizer.json")]
-        data_args += ["--out_dir", str(tmp / "data"), "--workers", str(args.workers)]
-        ours = timed([sys.executable, "-c", f"{DATA}\n{PEAK}", *data_args])
+        ours = {
+            name: timed([sys.executable, "-c", f"{DATA}\n{PEAK}", *data_args, "--out_dir", str(tmp / name), *more])
+            for name, more in (
+                ("train.data", ["--encoder", "tiktoken"]),
+                ("train.data, readable", ["--encoder", "readable", "--workers", str(args.workers)]),
+            )
+        }
         peer_args = [str(tmp / "corpus.txt"), str(tmp / "tokenizer.json"), str(tmp / "tiktoken.bin")]
         theirs = timed([sys.executable, "-c", f"{TIKTOKEN}\n{PEAK}", *peer_args])
-        ids = np.concatenate([np.fromfile(tmp / "data" / name, np.uint16) for name in ("train.bin", "val.bin")])
-        same = np.array_equal(ids, np.fromfile(tmp / "tiktoken.bin", np.uint16))
+        want = np.fromfile(tmp / "tiktoken.bin", np.uint16)
+        same = {name: np.array_equal(token_ids(tmp / name), want) for name in ours}
     megabytes = size_bytes / 1e6
     print(
         f"{megabytes:,.0f} MB of text ({distinct:,.0f} MB distinct), a BPE of {args.vocab_size}, {args.workers} workers"
     )
-    print("| contender | s | MB/s | peak memory GB | same ids |")
+    print("| contender | s | MB/s | peak memory GB | same ids as tiktoken |")
     print("|---|---:|---:|---:|---|")
-    for name, (seconds, peak) in (("train.data", ours), ("tiktoken, nanoGPT", theirs)):
-        print(f"| {name} | {seconds:.0f} | {megabytes / seconds:.2f} | {peak:.2f} | {'yes' if same else 'NO'} |")
+    for name, (seconds, peak) in {**ours, "tiktoken, nanoGPT": theirs}.items():
+        agree = "yes" if same.get(name, True) else "NO"
+        print(f"| {name} | {seconds:.0f} | {megabytes / seconds:.2f} | {peak:.2f} | {agree} |")
 
 
 if __name__ == "__main__":

@@ -8,17 +8,21 @@ fresh tokenizer per call (the readable encoder caches the words it has seen, and
 call would flatter it):
 
     readable            BPETokenizer.encode(text): the reference, one Python process
-    bulk, N processes   bpe_bulk.encode_corpus(fast=False, workers=N): pieces over N spawned processes
-    bulk, tokenizers    bpe_bulk.encode_corpus(fast=True): pieces through Hugging Face tokenizers' encode_batch
+    bulk, N processes   bpe_bulk.encode_corpus(encoder="readable", workers=N): pieces over N spawned processes
+    bulk, tiktoken      bpe_bulk.encode_corpus(encoder="tiktoken"), the default where tiktoken is installed:
+                        pieces cut again into texts of about 8 kB, tiktoken given the whole tokens (exact)
+    bulk, tokenizers    bpe_bulk.encode_corpus(encoder="tokenizers"): the same texts through Hugging Face
+                        tokenizers' encode_batch
     tokenizers          Hugging Face tokenizers alone, the same tokenizer.json: encode(text) in one call
-    tiktoken            tiktoken (bench extra) with the same merges as ranks and GPT-2's pattern:
-                        encode_ordinary_batch over the same pieces, on every core
+    tiktoken            tiktoken (bench extra) as a user would set it up, every token ranked by its id, GPT-2's
+                        pattern: encode_ordinary_batch over megabyte pieces, on every core
 
 Every contender's ids are checked against the readable encoder's ("same ids"). Medians of `repeats`
 interleaved samples. docs/benchmarks.md has the table.
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -71,12 +75,16 @@ def contenders(data: dict, workers: int) -> dict[str, Callable[[str], object]]:
     fresh = lambda: BPETokenizer.from_json(data)  # noqa: E731
     out = {
         "readable": lambda text: fresh().encode(text),
-        f"bulk, {workers} processes": lambda text: bpe_bulk.encode_corpus(fresh(), text, workers=workers),
+        f"bulk, {workers} processes": lambda text: bpe_bulk.encode_corpus(
+            fresh(), text, workers=workers, encoder="readable"
+        ),
     }
-    if bpe_bulk.hugging_face_encoder(fresh()) is not None:
+    if importlib.util.find_spec("tiktoken"):
+        out["bulk, tiktoken"] = lambda text: bpe_bulk.encode_corpus(fresh(), text, encoder="tiktoken")
+    if importlib.util.find_spec("tokenizers"):
         import tokenizers
 
-        out["bulk, tokenizers"] = lambda text: bpe_bulk.encode_corpus(fresh(), text, fast=True)
+        out["bulk, tokenizers"] = lambda text: bpe_bulk.encode_corpus(fresh(), text, encoder="tokenizers")
 
         def hugging_face(text: str) -> list[int]:
             fast = tokenizers.Tokenizer.from_str(json.dumps(data))

@@ -1,5 +1,6 @@
-"""bench/prepare.py: the corpus is built to the size asked, and both contenders (train.data's command line with
-a given tokenizer.json, and nanoGPT's way with tiktoken when the bench extra is installed) write the same ids."""
+"""bench/prepare.py: the corpus is built to the size asked, and every contender (train.data's command line with a
+given tokenizer.json, by Hugging Face tokenizers and by the readable encoder, and nanoGPT's way with tiktoken when
+the bench extra is installed) writes the same ids."""
 
 import importlib.util
 import sys
@@ -16,8 +17,8 @@ def test_the_corpus_has_the_size_asked(tmp_path):
 
 
 @pytest.mark.skipif(not importlib.util.find_spec("tiktoken"), reason="tiktoken is in the bench extra")
-def test_both_contenders_write_the_same_ids(monkeypatch, capsys):
+def test_every_contender_writes_the_same_ids(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["bench.prepare", "--size_mb", "1", "--vocab_size", "300"])
     prepare.main()
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| t")]
-    assert len(rows) == 2 and all(row.endswith("| yes |") for row in rows), rows
+    assert len(rows) == 3 and all(row.endswith("| yes |") for row in rows), rows

@@ -17,5 +17,7 @@ def test_every_contender_gives_the_readable_ids():
     assert {"readable", "bulk, 2 processes"} <= set(results)
     if importlib.util.find_spec("tokenizers"):  # the test extra has it
         assert {"bulk, tokenizers", "tokenizers, one call"} <= set(results)
+    if importlib.util.find_spec("tiktoken"):  # so has this one
+        assert {"bulk, tiktoken", "tiktoken, batch"} <= set(results)
     assert all(same for _, same in results.values()), results
     assert all(seconds > 0 for seconds, _ in results.values())

@@ -1,5 +1,6 @@
 """train.data: corpus reading, tokenizers, the prepared files, ensure_dataset, batches and prefetch."""
 
+import importlib.util
 import json
 import os
 import re
@@ -390,6 +391,18 @@ def test_cli_encodes_with_a_given_tokenizer_json(tmp_path, capsys):
     assert data.tokenizer.to_json() == tokenizer.to_json()
     want = tokenizer.encode((tmp_path / "b.txt").read_text())
     np.testing.assert_array_equal(np.concatenate([data.train, data.val]), want)
-    assert "of 0.0 MB (100%)" in capsys.readouterr().err  # the progress line
+    err = capsys.readouterr().err
+    assert "of 0.0 MB (100%)" in err  # the progress line
+    tiktoken = importlib.util.find_spec("tiktoken") is not None
+    assert "encoding with " + ("tiktoken (exact" if tiktoken else "the readable encoder (tiktoken is not") in err
     message = cli_error(capsys, "--input", str(tmp_path / "b.txt"), "--tokenizer", str(tmp_path / "none.json"))
     assert "none.json' is not char, byte, bpe, nor a tokenizer.json file" in message
+    b = ["--input", str(tmp_path / "b.txt")]
+    for encoder in ("readable", "tiktoken", "tokenizers"):  # the reference, and the others where installed
+        if encoder != "readable" and importlib.util.find_spec(encoder) is None:
+            continue
+        cli([*b, "--tokenizer", str(saved), "--encoder", encoder, "--out_dir", str(tmp_path / encoder)])
+        data = open_dataset(tmp_path / encoder)
+        np.testing.assert_array_equal(np.concatenate([data.train, data.val]), want)
+    message = cli_error(capsys, *b, "--tokenizer", "byte", "--encoder", "tiktoken", "--out_dir", str(tmp_path))
+    assert "tiktoken encodes a byte-level BPE, not a 'byte' tokenizer" in message

@@ -6,8 +6,9 @@ With no --input, the built-in corpus (Python's own documentation and source, no 
 data/stdlib/. With one, a text file or a directory of text files goes to data/<its name>/ unless --out_dir
 says otherwise. A byte tokenizer adds "-byte" to the default directory name, a BPE one "-bpe"; a BPE is trained
 on the text to --vocab_size tokens (GPT-2 style, byte-level; at least 257), or read from a tokenizer.json
-(--tokenizer PATH: a model's own). The text streams through, encoded over --workers processes, with a
-progress line on stderr.
+(--tokenizer PATH: a model's own). The text streams through, encoded by tiktoken on every core when it is
+installed and proven to give this BPE's ids (--encoder auto), or else over --workers processes of the
+readable encoder, with the same ids either way, and a progress line on stderr.
 """
 
 import argparse
@@ -15,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 
+from train.data.bpe_fast import ENCODERS
 from train.data.corpus import TEXT_EXTENSIONS, read_source, stdlib_corpus
 from train.data.dataset import DEFAULT, default_dir
 from train.data.prepare import prepare
@@ -47,6 +49,14 @@ def main(argv: list[str] | None = None) -> dict:
         default=os.cpu_count() or 1,
         help="processes that encode a large text with a BPE, a piece of about a megabyte each (default: the cores)",
     )
+    parser.add_argument(
+        "--encoder",
+        choices=ENCODERS,
+        default="auto",
+        help="who encodes a BPE's text: auto (default: tiktoken when it is installed and gives this BPE's ids, "
+        "else readable), tiktoken, tokenizers (Hugging Face's), or readable (the reference, over --workers "
+        "processes); the ids are the same",
+    )
     args = parser.parse_args(argv)
 
     if args.tokenizer not in ("char", "byte", "bpe") and not Path(args.tokenizer).is_file():
@@ -65,8 +75,9 @@ def main(argv: list[str] | None = None) -> dict:
         given = None if args.tokenizer in ("char", "byte", "bpe") else load_tokenizer(args.tokenizer)
         out_dir = args.out_dir or default_dir("data", name, given.kind if given else args.tokenizer)
         tokenizer = given or args.tokenizer
-        meta = prepare(source, out_dir, tokenizer, args.vocab_size, workers=args.workers, progress=True)
-    except (OSError, ValueError) as e:
+        settings = {"workers": args.workers, "progress": True, "encoder": args.encoder}
+        meta = prepare(source, out_dir, tokenizer, args.vocab_size, **settings)
+    except (OSError, ValueError, ImportError) as e:
         parser.exit(2, f"python -m train.data: error: {e}\n")
     print(f"{meta['source']}: {meta['text_chars']:,} characters")
     print(

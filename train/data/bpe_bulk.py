@@ -12,12 +12,10 @@ encoded in pieces instead, and the pieces at once:
   with `▁` (SentencePiece, splitting at white space as it does by default, never learns one; the merges are
   checked, not assumed): then no merge crosses such a cut. The pieces after the first are encoded without
   the `▁` put in front. A "metaspace"-style text that splits into words at each `▁` is always cut there.
-- **who encodes the pieces.** `workers` processes of the readable encoder; or, with `fast=True` and Hugging
-  Face `tokenizers` installed (an optional extra, never a run-time dependency), its `encode_batch` over
-  threads, the tokenizer handed over as its own tokenizer.json with `encode_special_tokens` on, so a special
-  token's string in the text is text, as `encode` treats it. On the built-in corpus the readable encoder
-  (which caches the words it has seen) outran `tokenizers`, so it is the default (docs/benchmarks.md,
-  `python -m bench.tokenize`).
+- **who encodes the pieces.** tiktoken, when it is installed and proven to give the same ids, or Hugging Face
+  `tokenizers` when asked (`bpe_fast.py` chooses): each piece cut again into texts of about
+  `FAST_PIECE_CHARS` characters that they encode on every core. Otherwise `workers` processes of the
+  readable encoder.
 - **a stream.** `cut` takes the text as chunks and holds one piece at a time, and `encode_pieces` keeps at
   most two pieces per process in flight, so `prepare` (train/data/prepare.py) encodes a corpus larger than
   memory. A char or byte tokenizer's text is cut anywhere.
@@ -26,19 +24,20 @@ The tests check the ids against `encode` on hostile text in each style, both way
 """
 
 import collections
-import json
 import multiprocessing
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
 from train.data.bpe import SPACE_MARK, BPETokenizer
+from train.data.bpe_fast import TextsEncoder, fast_encoder
 from train.data.bpe_files import MARKED_SPACES
 from train.data.bpe_split import checked_text
 from train.data.tokenizers import Tokenizer
 
 PIECE_CHARS = 1 << 20  # about a megabyte of text per piece
+FAST_PIECE_CHARS = 1 << 13  # a piece cut again into texts of about 8 kB for tiktoken's and Hugging Face's batches
 WORD_CUT = re.compile(r"(?<=[^\s\n])\n(?=[^\s\n])")  # a newline between two characters that are not white space
 _SPACE_CUT = re.compile(r"(?<=[^ ])(?= )")  # just before a space that follows another character
 _ANYWHERE = re.compile(r"(?s)(?<=.)")  # after any character: a char or byte tokenizer encodes each on its own
@@ -84,18 +83,6 @@ def pieces(tokenizer: Tokenizer, text: str, size: int = PIECE_CHARS) -> list[str
     return list(cut([text], cut_pattern(tokenizer), size))
 
 
-def hugging_face_encoder(tokenizer: BPETokenizer) -> Callable[[list[str]], list[list[int]]] | None:
-    """`encode_batch` of Hugging Face's tokenizer built from `tokenizer`'s tokenizer.json, special-token strings
-    read as text; None when `tokenizers` is not installed."""
-    try:
-        import tokenizers
-    except ImportError:
-        return None
-    fast = tokenizers.Tokenizer.from_str(json.dumps(tokenizer.to_json()))
-    fast.encode_special_tokens = True
-    return lambda texts: [encoding.ids for encoding in fast.encode_batch(texts, add_special_tokens=False)]
-
-
 def _encode(tokenizer: Tokenizer, text: str, first: bool = True) -> np.ndarray:
     """The ids of a piece: `encode`, or for a later piece of a `▁`-style text its words without the `▁` put in
     front of the text (`continuation_ids`)."""
@@ -116,10 +103,17 @@ def _encode_in_worker(text: str, first: bool) -> np.ndarray:
     return _encode(_worker_tokenizer, text, first)
 
 
-def encode_pieces(tokenizer: Tokenizer, texts: Iterable[str], *, workers: int = 1) -> Iterator[np.ndarray]:
-    """The ids of each of `texts` (pieces of one text, in order: the first is its start), in order, encoded in
-    this process or in `workers` spawned ones. At most two pieces per process are in flight, so the pieces
-    can come from a stream larger than memory."""
+def encode_pieces(
+    tokenizer: Tokenizer, texts: Iterable[str], *, workers: int = 1, fast: TextsEncoder | None = None
+) -> Iterator[np.ndarray]:
+    """The ids of each of `texts` (pieces of one text, in order: the first is its start), in order, encoded by
+    `fast` (one of `bpe_fast.fast_encoder`'s), or else by the readable encoder in this process or in `workers`
+    spawned ones. At most two pieces per process are in flight, so the pieces can come from a stream larger
+    than memory."""
+    if fast is not None:
+        for text in texts:
+            yield fast(list(cut([text], WORD_CUT, FAST_PIECE_CHARS)))
+        return
     if workers <= 1:
         for i, text in enumerate(texts):
             yield _encode(tokenizer, text, i == 0)
@@ -136,17 +130,17 @@ def encode_pieces(tokenizer: Tokenizer, texts: Iterable[str], *, workers: int = 
 
 
 def encode_corpus(
-    tokenizer: BPETokenizer, text: str | bytes, *, workers: int = 1, fast: bool = False, piece_chars: int = PIECE_CHARS
+    tokenizer: BPETokenizer,
+    text: str | bytes,
+    *,
+    workers: int = 1,
+    encoder: str = "auto",
+    piece_chars: int = PIECE_CHARS,
 ) -> np.ndarray:
-    """The ids of `text` (str, or UTF-8 bytes), equal to `tokenizer.encode(text)`: the readable encoder in
-    `workers` processes (1: this one), or Hugging Face `tokenizers` when `fast` and it is installed; in pieces
-    of about `piece_chars` characters."""
-    text = checked_text(text)
-    encoder = hugging_face_encoder(tokenizer) if fast else None
-    if encoder is not None:  # Hugging Face puts a `▁` in front of every piece: a sentencepiece text goes whole
-        where = None if tokenizer.style in MARKED_SPACES else WORD_CUT
-        ids = [np.asarray(part, np.int64) for part in encoder(list(cut([text], where, piece_chars)))]
-    else:
-        parts = pieces(tokenizer, text, piece_chars)
-        ids = list(encode_pieces(tokenizer, parts, workers=workers if len(parts) > 1 else 1))
+    """The ids of `text` (str, or UTF-8 bytes), equal to `tokenizer.encode(text)`: by the `encoder` of
+    `bpe_fast.ENCODERS` ("auto": tiktoken when it is installed and exact, else the readable encoder in
+    `workers` processes, 1: this one), in pieces of about `piece_chars` characters."""
+    parts = pieces(tokenizer, checked_text(text), piece_chars)
+    fast = fast_encoder(tokenizer, encoder)[1]
+    ids = list(encode_pieces(tokenizer, parts, workers=workers if len(parts) > 1 else 1, fast=fast))
     return np.concatenate(ids) if ids else np.zeros(0, np.int64)

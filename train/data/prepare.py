@@ -22,11 +22,13 @@ import json
 import os
 import platform
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
 
 from train.data.bpe_bulk import PIECE_CHARS, WORD_CUT, cut, cut_pattern, encode_pieces
+from train.data.bpe_fast import fast_encoder
 from train.data.corpus import Source
 from train.data.progress import Progress
 from train.data.tokenizers import Tokenizer, make_tokenizer, save_tokenizer
@@ -89,15 +91,17 @@ def prepare(
     vocab_size: int | None = None,
     workers: int = 1,
     progress: bool = False,
+    encoder: str = "auto",
 ) -> dict:
     """Tokenize `source` with a new tokenizer of kind `tokenizer` ("char", "byte", or "bpe": trained on the
     text to `vocab_size` tokens), or with `tokenizer` itself (a model's own), and write the dataset files into
     `out_dir`. Returns the contents of `meta.json`.
 
-    The text streams through: read a chunk at a time, cut into pieces where no token crosses, encoded in
-    `workers` processes, appended to the token file as they come (`bpe_bulk`), so memory holds a few pieces
-    whatever the corpus's size. Building a tokenizer reads the text once more first. `progress` prints a
-    progress line on stderr.
+    The text streams through: read a chunk at a time, cut into pieces where no token crosses, encoded by
+    `encoder` (`bpe_fast.ENCODERS`; "auto": tiktoken when it is installed and exact for the BPE, else the
+    readable encoder in `workers` processes), appended to the token file as they come (`bpe_bulk`), so memory
+    holds a few pieces whatever the corpus's size. Building a tokenizer reads the text once more first.
+    `progress` prints the encoder and a progress line on stderr.
 
     Raises ValueError for an empty text or one too short to split (fewer than 2 tokens); OSError if `out_dir`
     cannot be written.
@@ -113,7 +117,7 @@ def prepare(
     (out_dir / "meta.json").unlink(missing_ok=True)
     tokens_path = out_dir / ".tokens.tmp"
     try:
-        text_fields = _write_tokens(tokenizer, source, tokens_path, DTYPES[dtype], workers, progress)
+        text_fields = _write_tokens(tokenizer, source, tokens_path, DTYPES[dtype], workers, progress, encoder)
         n_tokens = tokens_path.stat().st_size // DTYPES[dtype].itemsize
         n_train = split_point(n_tokens)
         if n_train == 0:
@@ -139,13 +143,16 @@ def prepare(
 
 
 def _write_tokens(
-    tokenizer: Tokenizer, source: Source, path: Path, dtype: np.dtype, workers: int, progress: bool
+    tokenizer: Tokenizer, source: Source, path: Path, dtype: np.dtype, workers: int, progress: bool, encoder: str
 ) -> dict:
     """Encode `source` into `path`, ids appended as they come; returns what meta.json says of the text: its
     characters, UTF-8 bytes and SHA-256, counted on the way."""
     total = source.size_bytes()
     digest, counts = hashlib.sha256(), {"text_chars": 0, "text_bytes": 0}
     bar = Progress("encoded", total) if progress else None
+    name, fast = fast_encoder(tokenizer, encoder)
+    if progress:
+        print(f"encoding with {name}", file=sys.stderr)
 
     def texts():
         for text, size in source.chunks():
@@ -155,8 +162,9 @@ def _write_tokens(
             yield text
 
     workers = workers if total > 4 * PIECE_CHARS else 1  # a few pieces: not worth starting processes for
+    pieces = cut(texts(), cut_pattern(tokenizer), PIECE_CHARS)
     with path.open("wb") as f:
-        for ids in encode_pieces(tokenizer, cut(texts(), cut_pattern(tokenizer), PIECE_CHARS), workers=workers):
+        for ids in encode_pieces(tokenizer, pieces, workers=workers, fast=fast):
             ids.astype(dtype).tofile(f)
             if bar is not None:
                 bar.update(counts["text_bytes"])

@@ -1,6 +1,7 @@
 """train.data.bpe_bulk: a corpus cut into pieces at newlines between two non-space characters, encoded piece by
-piece (by Hugging Face `tokenizers`, or by the readable encoder in several processes), gives exactly the ids of
-`BPETokenizer.encode` on the whole text, in each of the three styles, on hostile text."""
+piece (by tiktoken or Hugging Face `tokenizers` for a byte-level BPE, or by the readable encoder in several
+processes), gives exactly the ids of `BPETokenizer.encode` on the whole text, in each of the three styles, on
+hostile text."""
 
 import numpy as np
 import pytest
@@ -36,14 +37,29 @@ def test_pieces_cut_only_between_words_and_join_back(tokenizer):
         np.testing.assert_array_equal(joined, tokenizer.encode(text))
 
 
-def test_the_fast_path_and_several_processes_give_the_readable_encoders_ids(tokenizer):
-    pytest.importorskip("tokenizers")
+@pytest.mark.parametrize("encoder", ["tiktoken", "tokenizers"])
+def test_the_fast_encoders_give_the_readable_encoders_ids(tokenizer, encoder, monkeypatch):
+    """tiktoken and Hugging Face `tokenizers` encode a byte-level BPE's pieces, each cut again (here into
+    texts of about 20 characters); a `▁`-style tokenizer is refused by name."""
+    pytest.importorskip(encoder)
+    monkeypatch.setattr(bpe_bulk, "FAST_PIECE_CHARS", 20)
+    text = corpus(7)
+    if tokenizer.style in ("gpt2", "llama3"):
+        got = bpe_bulk.encode_corpus(tokenizer, text, encoder=encoder, piece_chars=200)
+        np.testing.assert_array_equal(got, tokenizer.encode(text))
+    else:
+        with pytest.raises(ValueError, match=f"{tokenizer.style}'-style"):
+            bpe_bulk.encode_corpus(tokenizer, text, encoder=encoder)
+
+
+def test_the_default_and_several_processes_give_the_readable_encoders_ids(tokenizer):
+    """ "auto" (tiktoken where installed and exact, the readable encoder for the `▁` styles) and the readable
+    encoder over two processes; bytes that are not UTF-8 named by their offset."""
     text = corpus(7)
     want = tokenizer.encode(text)
-    np.testing.assert_array_equal(bpe_bulk.encode_corpus(tokenizer, text, fast=True, piece_chars=50), want)
     np.testing.assert_array_equal(bpe_bulk.encode_corpus(tokenizer, text.encode(), piece_chars=50), want)
     if tokenizer.style == "gpt2":  # the process pool once (it starts two interpreters)
-        got = bpe_bulk.encode_corpus(tokenizer, text, workers=2, piece_chars=500)
+        got = bpe_bulk.encode_corpus(tokenizer, text, workers=2, encoder="readable", piece_chars=500)
         np.testing.assert_array_equal(got, want)
     with pytest.raises(ValueError, match="not valid UTF-8 at byte offset 3"):
         bpe_bulk.encode_corpus(tokenizer, b"abc\xff")

@@ -56,12 +56,18 @@ def test_files_read_in_chunks_are_the_text_and_name_a_bad_byte(tmp_path, small_r
         read_source(bad).read_text()
 
 
-@pytest.mark.parametrize("kind, vocab_size, workers", [("char", None, 1), ("byte", None, 1), ("bpe", 300, 2)])
-def test_a_streamed_corpus_prepares_as_the_whole_text_does(tmp_path, small_reads, kind, vocab_size, workers):
+@pytest.mark.parametrize(
+    "kind, vocab_size, workers, encoder",
+    [("char", None, 1, "auto"), ("byte", None, 1, "auto"), ("bpe", 300, 2, "readable"), ("bpe", 300, 1, "auto")],
+)
+def test_a_streamed_corpus_prepares_as_the_whole_text_does(tmp_path, small_reads, kind, vocab_size, workers, encoder):
     """The ids, the tokenizer and meta.json's text fields equal those of the whole text in memory, tokenized
-    by one `encode` call; a BPE trained on the stream's pieces is the one trained on the whole text."""
+    by one `encode` call; a BPE trained on the stream's pieces is the one trained on the whole text. A BPE's
+    pieces are encoded by the readable encoder over two processes, and by tiktoken where it is installed
+    ("auto")."""
     text = write_corpus(tmp_path / "corpus")
-    meta = prepare.prepare(read_source(tmp_path / "corpus"), tmp_path / "out", kind, vocab_size, workers=workers)
+    source = read_source(tmp_path / "corpus")
+    meta = prepare.prepare(source, tmp_path / "out", kind, vocab_size, workers=workers, encoder=encoder)
     whole = prepare.prepare(Source(text, "in memory", ["all"]), tmp_path / "whole", kind, vocab_size)
     tokenizer = load_tokenizer(tmp_path / "out" / "tokenizer.json")
     assert tokenizer.to_json() == load_tokenizer(tmp_path / "whole" / "tokenizer.json").to_json()

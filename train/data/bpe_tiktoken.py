@@ -1,0 +1,99 @@
+"""tiktoken as an exact encoder of a byte-level BPE: when its rule gives BPE's ids, and a proof of it.
+
+tiktoken merges a word's bytes by a different rule than BPE's (`bpe.merge_word`): it merges the adjacent pair
+whose *concatenation* has the lowest rank, and it takes a word that is itself a token whole. BPE merges the
+adjacent pair *listed in the merges* that was learned first. The two differ on a vocabulary where a token can
+also be assembled from another pair than the merge that made it: with the merges (b, c), (a, b), (ab, c), BPE
+makes `a bc` of "abc" (bc first, and (a, bc) is no merge), tiktoken makes `abc`.
+
+They agree on every word when tiktoken is given, ranked by the order the merges were learned, only the tokens
+that BPE makes of their own bytes (each byte, and each merge's token `t` with `merge_word(t) == [t]`: call
+them whole). Why:
+
+1. Within a word BPE's merges come in rising rank: a new pair holds the token just made, and a merge that uses
+   a token was learned after it. (Merging every occurrence of a pair left to right is merging the leftmost
+   one again and again, as tiktoken does among equal ranks.)
+2. A stretch of the word between two places where no merge has happened yet evolves as BPE on that stretch
+   alone would, up to then (a merge never reaches across the places).
+3. Say both rules have reached the same pieces, and the lowest-ranked merge among the adjacent pairs has rank
+   r. tiktoken's candidates are those pairs plus the pairs (x, y) whose join t is a whole token but not by that
+   merge. If rank(t) <= r: the stretch x y evolved as BPE on t's bytes alone, which makes [t] through merges of
+   rank <= rank(t) (t is whole); the stretch is not [t] yet, so its next merge, of rank < r (or the one that
+   makes t, which would be (x, y) itself), is among the adjacent pairs: against r being the lowest. So
+   tiktoken merges what BPE merges; a token that is not whole is one BPE never makes (by 2, the stretch it
+   covers would be BPE of its own bytes), so leaving it out of the ranks changes nothing.
+4. A word that is itself a whole token is one token by both rules. With `ignore_merges` (Llama 3) BPE takes any
+   token whole, so there every token must be whole.
+
+`tiktoken_encoder` checks those conditions on the vocabulary (each merge made once, its token made by no other
+merge, every byte a token) and builds the encoder, or says which condition failed. The words are cut by the
+same pattern in both (GPT-2's, Llama 3's), with the character classes of each library's Unicode tables: a
+character that Python's `unicodedata` does not know yet (assigned in a later Unicode version) may be classed
+differently. tests/train/data/test_bpe_tiktoken.py checks the ids on every word of small random vocabularies
+and on a sample of every plane's code points.
+"""
+
+import os
+from collections.abc import Callable
+
+import numpy as np
+
+from train.data.bpe import BPETokenizer, merge_word
+from train.data.bpe_split import PATTERNS, bytes_to_unicode
+
+
+class NotExact(ValueError):
+    """tiktoken's rule would not give this tokenizer's BPE ids on every text; the message says why."""
+
+
+def whole_tokens(tokenizer: BPETokenizer) -> list[str]:
+    """The tokens of `tokenizer`'s merges, in the order they were learned, that BPE makes of their own bytes;
+    NotExact when a merge repeats or two merges make the same token."""
+    made: dict[str, tuple[str, str]] = {}
+    for left, right in tokenizer.merges:
+        token = left + right
+        if token in made:
+            raise NotExact(f"the token {token!r} is made by two merges, {made[token]} and {(left, right)}")
+        made[token] = (left, right)
+    return [token for token in made if merge_word(list(token), tokenizer._ranks) == [token]]
+
+
+def tiktoken_ranks(tokenizer: BPETokenizer) -> tuple[dict[bytes, int], np.ndarray]:
+    """(tiktoken's `mergeable_ranks`: each byte and each whole token, ranked by merge order; the id of each
+    rank). NotExact when the tokenizer is not byte-level, a byte has no token, or (with `ignore_merges`) a token
+    is not whole."""
+    if tokenizer.style not in PATTERNS:
+        raise NotExact(f"a {tokenizer.style!r}-style tokenizer is not byte-level")
+    alphabet = bytes_to_unicode()
+    byte_of = {char: byte for byte, char in alphabet.items()}
+    if missing := [byte for byte, char in alphabet.items() if char not in tokenizer.vocab]:
+        raise NotExact(f"the byte {missing[0]:#04x} has no token")
+    whole = whole_tokens(tokenizer)
+    if tokenizer.ignore_merges:
+        ordinary = set(tokenizer.vocab) - set(tokenizer.special_tokens) - set(alphabet.values())
+        if not_whole := sorted(ordinary - set(whole)):
+            raise NotExact(f"with ignore_merges every token must be whole, but BPE splits {not_whole[0]!r}")
+    tokens = list(alphabet.values()) + whole
+    ranks = {bytes(byte_of[char] for char in token): rank for rank, token in enumerate(tokens)}
+    return ranks, np.array([tokenizer.vocab[token] for token in tokens], np.int64)
+
+
+def tiktoken_encoder(tokenizer: BPETokenizer, threads: int | None = None) -> Callable[[list[str]], np.ndarray]:
+    """The ids of a list of texts (consecutive pieces of one text, each ending where a word ends), joined, by
+    tiktoken on `threads` threads (default: the cores): `tokenizer.encode`'s, special-token strings read as
+    text. ImportError without tiktoken; NotExact when its rule could differ (see the module)."""
+    try:
+        import tiktoken
+    except ImportError:
+        raise ImportError("the tiktoken encoder needs tiktoken: pip install tiktoken") from None
+    ranks, ids = tiktoken_ranks(tokenizer)
+    encoding = tiktoken.Encoding(
+        f"purejax-{tokenizer.style}", pat_str=PATTERNS[tokenizer.style], mergeable_ranks=ranks, special_tokens={}
+    )
+    threads = threads or os.cpu_count() or 1
+
+    def encode(texts: list[str]) -> np.ndarray:
+        ranked = encoding.encode_ordinary_batch(texts, num_threads=threads)
+        return ids[np.concatenate([np.asarray(r, np.int64) for r in ranked])] if ranked else ids[:0]
+
+    return encode
