@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> dict:
         "--workers",
         type=int,
         default=os.cpu_count() or 1,
-        help="processes that encode a large text with a BPE, a piece of about a megabyte each (default: the cores)",
+        help="processes of the readable encoder for a large text, a piece of about a megabyte each (default: the "
+        "cores)",
     )
     parser.add_argument(
         "--encoder",

@@ -107,9 +107,9 @@ def encode_pieces(
     tokenizer: Tokenizer, texts: Iterable[str], *, workers: int = 1, fast: TextsEncoder | None = None
 ) -> Iterator[np.ndarray]:
     """The ids of each of `texts` (pieces of one text, in order: the first is its start), in order, encoded by
-    `fast` (one of `bpe_fast.fast_encoder`'s), or else by the readable encoder in this process or in `workers`
-    spawned ones. At most two pieces per process are in flight, so the pieces can come from a stream larger
-    than memory."""
+    `fast` (one of `bpe_fast.fast_encoder`'s, for a byte-level BPE only: each piece is cut again at WORD_CUT),
+    or else by the readable encoder in this process or in `workers` spawned ones. At most two pieces per process
+    are in flight, so the pieces can come from a stream larger than memory."""
     if fast is not None:
         for text in texts:
             yield fast(list(cut([text], WORD_CUT, FAST_PIECE_CHARS)))

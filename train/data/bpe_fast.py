@@ -4,8 +4,8 @@ ids, else the readable encoder.
 Both are optional extras (`pip install tiktoken` or `tokenizers`), never run-time dependencies, and both are
 given the texts of one piece at once, so they run on every core. "auto", the default, takes tiktoken when it
 is installed and its rule is proven to give this BPE's ids (`bpe_tiktoken.py`: every tokenizer `train_bpe`
-makes, and most others); Hugging Face's BPE is BPE's own rule, but on a large corpus it was slower than the
-readable encoder in two processes (docs/benchmarks.md, "Encoding a corpus"), so it runs when asked.
+makes, and most others); Hugging Face's BPE follows BPE's own rule but ran at a third of tiktoken's speed here
+(docs/benchmarks.md, "Encoding a corpus"), so it runs when asked.
 """
 
 import importlib.util
@@ -27,8 +27,10 @@ def hugging_face_encoder(tokenizer: BPETokenizer) -> TextsEncoder:
     """`encode_batch` of Hugging Face's tokenizer built from `tokenizer`'s tokenizer.json, special-token strings
     read as text. ImportError without `tokenizers`; ValueError for a `▁`-style tokenizer, whose every text
     Hugging Face would start with a `▁`, so that it cannot encode one in pieces."""
-    import tokenizers
-
+    try:
+        import tokenizers
+    except ImportError:
+        raise ImportError("the tokenizers encoder needs Hugging Face tokenizers: pip install tokenizers") from None
     if tokenizer.style in MARKED_SPACES:
         raise ValueError(
             f"Hugging Face `tokenizers` cannot encode a {tokenizer.style!r}-style text in pieces (it puts a `▁` "

@@ -11,8 +11,8 @@ that BPE makes of their own bytes (each byte, and each merge's token `t` with `m
 them whole). Why:
 
 1. Within a word BPE's merges come in rising rank: a new pair holds the token just made, and a merge that uses
-   a token was learned after it. (Merging every occurrence of a pair left to right is merging the leftmost
-   one again and again, as tiktoken does among equal ranks.)
+   a token was learned after it (checked: a file may list them in any order). So merging every occurrence of
+   a pair left to right is merging the leftmost one again and again, as tiktoken does among equal ranks.
 2. A stretch of the word between two places where no merge has happened yet evolves as BPE on that stretch
    alone would, up to then (a merge never reaches across the places).
 3. Say both rules have reached the same pieces, and the lowest-ranked merge among the adjacent pairs has rank
@@ -23,14 +23,20 @@ them whole). Why:
    tiktoken merges what BPE merges; a token that is not whole is one BPE never makes (by 2, the stretch it
    covers would be BPE of its own bytes), so leaving it out of the ranks changes nothing.
 4. A word that is itself a whole token is one token by both rules. With `ignore_merges` (Llama 3) BPE takes any
-   token whole, so there every token must be whole.
+   token whole, so there every token must be ranked, and no special token may be a word.
+5. A token may be made by several merges listed one after the other (they share its rank; their occurrences
+   do not overlap, so the order in which they are merged changes nothing). When every split of every token
+   into two tokens is a merge, as Hugging Face's conversion of a tiktoken vocabulary (`TikTokenConverter`)
+   lists them, the two rules have the same candidates, and every token the merges make may be ranked, whole
+   or not (such a file still needs its merges to rise, as 1 says).
 
-`tiktoken_encoder` checks those conditions on the vocabulary (each merge made once, its token made by no other
-merge, every byte a token) and builds the encoder, or says which condition failed. The words are cut by the
-same pattern in both (GPT-2's, Llama 3's), with the character classes of each library's Unicode tables: a
-character that Python's `unicodedata` does not know yet (assigned in a later Unicode version) may be classed
-differently. tests/train/data/test_bpe_tiktoken.py checks the ids on every word of small random vocabularies
-and on a sample of every plane's code points.
+`tiktoken_ranks` checks those conditions on the vocabulary (merges in rising order, a token's merges next to
+each other, every byte a token, with `ignore_merges` every token ranked and no special token a word) and
+`tiktoken_encoder` builds the encoder, or says which condition failed. The words are cut by the same pattern
+in both (GPT-2's, Llama 3's), with the character classes of each library's Unicode tables: a character that
+Python's `unicodedata` does not know yet (assigned in a later Unicode version) may be classed differently.
+tests/train/data/test_bpe_tiktoken.py checks the ids on every word of small random vocabularies and on a
+sample of every plane's code points.
 """
 
 import os
@@ -39,43 +45,87 @@ from collections.abc import Callable
 import numpy as np
 
 from train.data.bpe import BPETokenizer, merge_word
-from train.data.bpe_split import PATTERNS, bytes_to_unicode
+from train.data.bpe_split import PATTERNS, bytes_to_unicode, split_words
 
 
 class NotExact(ValueError):
     """tiktoken's rule would not give this tokenizer's BPE ids on every text; the message says why."""
 
 
-def whole_tokens(tokenizer: BPETokenizer) -> list[str]:
-    """The tokens of `tokenizer`'s merges, in the order they were learned, that BPE makes of their own bytes;
-    NotExact when a merge repeats or two merges make the same token."""
-    made: dict[str, tuple[str, str]] = {}
-    for left, right in tokenizer.merges:
+def made_tokens(tokenizer: BPETokenizer) -> list[str]:
+    """The tokens `tokenizer`'s merges make, in the order first made. NotExact when a merge uses a token that
+    only a later merge makes (BPE's ranks would not rise within a word), or when one token's merges are not
+    next to each other (another token's merge between them would rank it twice)."""
+    made: dict[str, int] = {}
+    alphabet = set(bytes_to_unicode().values())
+    previous = None
+    for rank, (left, right) in enumerate(tokenizer.merges):
         token = left + right
-        if token in made:
-            raise NotExact(f"the token {token!r} is made by two merges, {made[token]} and {(left, right)}")
-        made[token] = (left, right)
-    return [token for token in made if merge_word(list(token), tokenizer._ranks) == [token]]
+        if token in made and token != previous:
+            raise NotExact(f"the token {token!r} is made by merges {made[token]} and {rank}, with others between")
+        if late := [part for part in (left, right) if part not in alphabet and made.get(part, rank) >= rank]:
+            raise NotExact(f"merge {rank} ({left!r}, {right!r}) uses {late[0]!r} before a merge makes it")
+        made.setdefault(token, rank)
+        previous = token
+    return list(made)
+
+
+def whole_tokens(tokenizer: BPETokenizer) -> list[str]:
+    """The tokens of `tokenizer`'s merges, in the order first made, that BPE makes of their own bytes."""
+    return [token for token in made_tokens(tokenizer) if merge_word(list(token), tokenizer._ranks) == [token]]
+
+
+def missing_split(tokenizer: BPETokenizer, tokens: list[str]) -> tuple[str, str] | None:
+    """A split of one of `tokens` into two of `tokens` or bytes that is not a merge; None when every such
+    split is one (Hugging Face's conversion of a tiktoken vocabulary lists them all)."""
+    known = set(tokens) | set(bytes_to_unicode().values())
+    for token in tokens:
+        for cut in range(1, len(token)):
+            pair = (token[:cut], token[cut:])
+            if pair[0] in known and pair[1] in known and pair not in tokenizer._ranks:
+                return pair
+    return None
 
 
 def tiktoken_ranks(tokenizer: BPETokenizer) -> tuple[dict[bytes, int], np.ndarray]:
-    """(tiktoken's `mergeable_ranks`: each byte and each whole token, ranked by merge order; the id of each
-    rank). NotExact when the tokenizer is not byte-level, a byte has no token, or (with `ignore_merges`) a token
-    is not whole."""
+    """(tiktoken's `mergeable_ranks`: each byte and each whole token, or every token the merges make when
+    `ignore_merges` needs them and every split is a merge, ranked in merge order; the id of each rank).
+    NotExact when the tokenizer is not byte-level, a byte has no token, or with `ignore_merges` a token could
+    be taken whole by BPE and not by tiktoken."""
     if tokenizer.style not in PATTERNS:
         raise NotExact(f"a {tokenizer.style!r}-style tokenizer is not byte-level")
     alphabet = bytes_to_unicode()
     byte_of = {char: byte for byte, char in alphabet.items()}
     if missing := [byte for byte, char in alphabet.items() if char not in tokenizer.vocab]:
         raise NotExact(f"the byte {missing[0]:#04x} has no token")
-    whole = whole_tokens(tokenizer)
-    if tokenizer.ignore_merges:
-        ordinary = set(tokenizer.vocab) - set(tokenizer.special_tokens) - set(alphabet.values())
-        if not_whole := sorted(ordinary - set(whole)):
-            raise NotExact(f"with ignore_merges every token must be whole, but BPE splits {not_whole[0]!r}")
-    tokens = list(alphabet.values()) + whole
+    ranked = whole_tokens(tokenizer)
+    ordinary = set(tokenizer.vocab) - set(tokenizer.special_tokens) - set(alphabet.values())
+    if tokenizer.ignore_merges and (word := _special_word(tokenizer)) is not None:
+        raise NotExact(f"with ignore_merges the special token {word!r} is also a word, which BPE would take whole")
+    if tokenizer.ignore_merges and ordinary - set(ranked):  # each of them is a word BPE takes whole
+        made = made_tokens(tokenizer)
+        if orphans := sorted(ordinary - set(made)):
+            raise NotExact(f"with ignore_merges every token is taken whole, but no merge makes {orphans[0]!r}")
+        if (pair := missing_split(tokenizer, made)) is not None:
+            split = sorted(ordinary - set(ranked))[0]
+            raise NotExact(
+                f"with ignore_merges every token is taken whole, but BPE splits {split!r} and {pair} is no merge"
+            )
+        ranked = made
+    tokens = list(alphabet.values()) + ranked
     ranks = {bytes(byte_of[char] for char in token): rank for rank, token in enumerate(tokens)}
     return ranks, np.array([tokenizer.vocab[token] for token in tokens], np.int64)
+
+
+def _special_word(tokenizer: BPETokenizer) -> str | None:
+    """A special token of the vocabulary whose spelling is also the spelling of a word of text, or None."""
+    byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
+    for token in tokenizer.special_tokens:
+        if token in tokenizer.vocab and all(char in byte_of for char in token):
+            text = bytes(byte_of[char] for char in token).decode("utf-8", "replace")
+            if split_words(text, tokenizer.style) == [text]:
+                return token
+    return None
 
 
 def tiktoken_encoder(tokenizer: BPETokenizer, threads: int | None = None) -> Callable[[list[str]], np.ndarray]:
