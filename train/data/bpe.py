@@ -2,8 +2,8 @@
 
 A BPE vocabulary is a list of merges, in the order they were learned: `("h", "e")` then `("he", "llo")`...
 Encoding a word starts from its smallest pieces and applies, again and again, the merge of lowest rank
-(learned earliest) among the adjacent pairs, every occurrence left to right, until no adjacent pair is a
-merge; each remaining piece is a token of the vocabulary. The steps, in the order text flows through them:
+(learned earliest) among the adjacent pairs, at its leftmost occurrence, until no adjacent pair is a merge;
+each remaining piece is a token of the vocabulary. The steps, in the order text flows through them:
 
 1. special tokens (`<|endoftext|>`, `<s>`) are cut out first, and only those `allowed_special` names: in
    ordinary text the string `<|endoftext|>` is just characters (tiktoken's rule; Hugging Face's
@@ -48,21 +48,19 @@ BYTE_TOKEN = r"<0x[0-9A-F]{2}>"  # a byte-fallback token, `<0x00>`..`<0xFF>` (Se
 
 
 def merge_word(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
-    """Apply the merges of `ranks` to `symbols`: the lowest-ranked adjacent pair first, all its occurrences
-    left to right, until no adjacent pair is a merge (GPT-2's `encoder.py`, Hugging Face's order too)."""
+    """Apply the merges of `ranks` to `symbols`: the leftmost occurrence of the lowest-ranked adjacent pair,
+    again and again, until no adjacent pair is a merge. This is Hugging Face's order. GPT-2's `encoder.py`
+    merges every occurrence of that pair at once, which gives the same pieces when each merge's parts were
+    made by earlier merges (a new pair then always ranks higher), as in GPT-2's own files; a file that lists
+    merges out of that order ("aa"+"a" before "a"+"a") is encoded as Hugging Face encodes it."""
+    symbols = list(symbols)
     while len(symbols) > 1:
-        best = min(zip(symbols, symbols[1:]), key=lambda pair: ranks.get(pair, math.inf))
-        if best not in ranks:
+        pair_ranks = [ranks.get(pair, math.inf) for pair in zip(symbols, symbols[1:])]
+        lowest = min(pair_ranks)
+        if lowest == math.inf:
             break
-        merged, i = [], 0
-        while i < len(symbols):
-            if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) == best:
-                merged.append(symbols[i] + symbols[i + 1])
-                i += 2
-            else:
-                merged.append(symbols[i])
-                i += 1
-        symbols = merged
+        i = pair_ranks.index(lowest)  # the leftmost
+        symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
     return symbols
 
 

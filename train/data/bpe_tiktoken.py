@@ -2,41 +2,38 @@
 
 tiktoken merges a word's bytes by a different rule than BPE's (`bpe.merge_word`): it merges the adjacent pair
 whose *concatenation* has the lowest rank, and it takes a word that is itself a token whole. BPE merges the
-adjacent pair *listed in the merges* that was learned first. The two differ on a vocabulary where a token can
-also be assembled from another pair than the merge that made it: with the merges (b, c), (a, b), (ab, c), BPE
-makes `a bc` of "abc" (bc first, and (a, bc) is no merge), tiktoken makes `abc`.
+adjacent pair *listed in the merges* that was learned first. Both take the leftmost of equal candidates. The
+two differ on a vocabulary where a token can also be assembled from another pair than the merge that made it:
+with the merges (b, c), (a, b), (ab, c), BPE makes `a bc` of "abc" (bc first, and (a, bc) is no merge),
+tiktoken makes `abc`.
 
 They agree on every word when tiktoken is given, ranked by the order the merges were learned, only the tokens
 that BPE makes of their own bytes (each byte, and each merge's token `t` with `merge_word(t) == [t]`: call
-them whole). Why:
+them whole), provided each token is made by one merge and each merge uses bytes or tokens of earlier merges.
+Why:
 
 1. Within a word BPE's merges come in rising rank: a new pair holds the token just made, and a merge that uses
-   a token was learned after it (checked: a file may list them in any order). So merging every occurrence of
-   a pair left to right is merging the leftmost one again and again, as tiktoken does among equal ranks.
+   a token was learned after it (checked: a file may list its merges in another order).
 2. A stretch of the word between two places where no merge has happened yet evolves as BPE on that stretch
    alone would, up to then (a merge never reaches across the places).
 3. Say both rules have reached the same pieces, and the lowest-ranked merge among the adjacent pairs has rank
-   r. tiktoken's candidates are those pairs plus the pairs (x, y) whose join t is a whole token but not by that
+   r. tiktoken's candidates are those pairs plus the pairs (x, y) whose join t is a whole token but not by its
    merge. If rank(t) <= r: the stretch x y evolved as BPE on t's bytes alone, which makes [t] through merges of
-   rank <= rank(t) (t is whole); the stretch is not [t] yet, so its next merge, of rank < r (or the one that
-   makes t, which would be (x, y) itself), is among the adjacent pairs: against r being the lowest. So
-   tiktoken merges what BPE merges; a token that is not whole is one BPE never makes (by 2, the stretch it
-   covers would be BPE of its own bytes), so leaving it out of the ranks changes nothing.
+   rank <= rank(t) (t is whole); the stretch is not [t] yet, so its next merge, of rank < r (or t's own merge,
+   which would be (x, y) itself), is among the adjacent pairs: against r being the lowest. So tiktoken merges
+   what BPE merges; a token that is not whole is one BPE never makes (by 2, the stretch it covers would be BPE
+   of its own bytes), so leaving it out of the ranks changes nothing.
 4. A word that is itself a whole token is one token by both rules. With `ignore_merges` (Llama 3) BPE takes any
-   token whole, so there every token must be ranked, and no special token may be a word.
-5. A token may be made by several merges listed one after the other (they share its rank; their occurrences
-   do not overlap, so the order in which they are merged changes nothing). When every split of every token
-   into two tokens is a merge, as Hugging Face's conversion of a tiktoken vocabulary (`TikTokenConverter`)
-   lists them, the two rules have the same candidates, and every token the merges make may be ranked, whole
-   or not (such a file still needs its merges to rise, as 1 says).
+   token whole, so there every token must be whole, and no special token may be a word.
 
-`tiktoken_ranks` checks those conditions on the vocabulary (merges in rising order, a token's merges next to
-each other, every byte a token, with `ignore_merges` every token ranked and no special token a word) and
-`tiktoken_encoder` builds the encoder, or says which condition failed. The words are cut by the same pattern
-in both (GPT-2's, Llama 3's), with the character classes of each library's Unicode tables: a character that
-Python's `unicodedata` does not know yet (assigned in a later Unicode version) may be classed differently.
-tests/train/data/test_bpe_tiktoken.py checks the ids on every word of small random vocabularies and on a
-sample of every plane's code points.
+`tiktoken_ranks` checks those conditions on the vocabulary (one merge per token, merges in rising order, every
+byte a token, and with `ignore_merges` every token whole and no special token a word), and `tiktoken_encoder`
+builds the encoder, or says which condition failed. A vocabulary converted from tiktoken's by Hugging Face
+(`TikTokenConverter`, Llama 3's tokenizer.json) lists every split of a token as a merge, so it is refused and
+encoded by the readable encoder. The words are cut by the same pattern in both (GPT-2's, Llama 3's), with the
+character classes of each library's Unicode tables: a character that Python's `unicodedata` does not know yet
+(assigned in a later Unicode version) may be classed differently. tests/train/data/test_bpe_tiktoken.py checks
+the ids on every word of small random vocabularies and on a sample of every plane's code points.
 """
 
 import os
@@ -53,66 +50,43 @@ class NotExact(ValueError):
 
 
 def made_tokens(tokenizer: BPETokenizer) -> list[str]:
-    """The tokens `tokenizer`'s merges make, in the order first made. NotExact when a merge uses a token that
-    only a later merge makes (BPE's ranks would not rise within a word), or when one token's merges are not
-    next to each other (another token's merge between them would rank it twice)."""
+    """The tokens `tokenizer`'s merges make, in merge order. NotExact when two merges make one token, or a merge
+    uses a token that only a later merge makes (BPE's ranks would not rise within a word)."""
     made: dict[str, int] = {}
     alphabet = set(bytes_to_unicode().values())
-    previous = None
     for rank, (left, right) in enumerate(tokenizer.merges):
         token = left + right
-        if token in made and token != previous:
-            raise NotExact(f"the token {token!r} is made by merges {made[token]} and {rank}, with others between")
-        if late := [part for part in (left, right) if part not in alphabet and made.get(part, rank) >= rank]:
+        if token in made:
+            raise NotExact(f"the token {token!r} is made by two merges, {made[token]} and {rank}")
+        if late := [part for part in (left, right) if part not in alphabet and part not in made]:
             raise NotExact(f"merge {rank} ({left!r}, {right!r}) uses {late[0]!r} before a merge makes it")
-        made.setdefault(token, rank)
-        previous = token
+        made[token] = rank
     return list(made)
 
 
 def whole_tokens(tokenizer: BPETokenizer) -> list[str]:
-    """The tokens of `tokenizer`'s merges, in the order first made, that BPE makes of their own bytes."""
+    """The tokens of `tokenizer`'s merges, in merge order, that BPE makes of their own bytes."""
     return [token for token in made_tokens(tokenizer) if merge_word(list(token), tokenizer._ranks) == [token]]
 
 
-def missing_split(tokenizer: BPETokenizer, tokens: list[str]) -> tuple[str, str] | None:
-    """A split of one of `tokens` into two of `tokens` or bytes that is not a merge; None when every such
-    split is one (Hugging Face's conversion of a tiktoken vocabulary lists them all)."""
-    known = set(tokens) | set(bytes_to_unicode().values())
-    for token in tokens:
-        for cut in range(1, len(token)):
-            pair = (token[:cut], token[cut:])
-            if pair[0] in known and pair[1] in known and pair not in tokenizer._ranks:
-                return pair
-    return None
-
-
 def tiktoken_ranks(tokenizer: BPETokenizer) -> tuple[dict[bytes, int], np.ndarray]:
-    """(tiktoken's `mergeable_ranks`: each byte and each whole token, or every token the merges make when
-    `ignore_merges` needs them and every split is a merge, ranked in merge order; the id of each rank).
-    NotExact when the tokenizer is not byte-level, a byte has no token, or with `ignore_merges` a token could
-    be taken whole by BPE and not by tiktoken."""
+    """(tiktoken's `mergeable_ranks`: each byte and each whole token, ranked in merge order; the id of each
+    rank). NotExact when the tokenizer is not byte-level, a byte has no token, the merges are not one per token
+    in rising order, or with `ignore_merges` a word could be taken whole by BPE and not by tiktoken."""
     if tokenizer.style not in PATTERNS:
         raise NotExact(f"a {tokenizer.style!r}-style tokenizer is not byte-level")
     alphabet = bytes_to_unicode()
     byte_of = {char: byte for byte, char in alphabet.items()}
     if missing := [byte for byte, char in alphabet.items() if char not in tokenizer.vocab]:
         raise NotExact(f"the byte {missing[0]:#04x} has no token")
-    ranked = whole_tokens(tokenizer)
-    ordinary = set(tokenizer.vocab) - set(tokenizer.special_tokens) - set(alphabet.values())
-    if tokenizer.ignore_merges and (word := _special_word(tokenizer)) is not None:
-        raise NotExact(f"with ignore_merges the special token {word!r} is also a word, which BPE would take whole")
-    if tokenizer.ignore_merges and ordinary - set(ranked):  # each of them is a word BPE takes whole
-        made = made_tokens(tokenizer)
-        if orphans := sorted(ordinary - set(made)):
-            raise NotExact(f"with ignore_merges every token is taken whole, but no merge makes {orphans[0]!r}")
-        if (pair := missing_split(tokenizer, made)) is not None:
-            split = sorted(ordinary - set(ranked))[0]
-            raise NotExact(
-                f"with ignore_merges every token is taken whole, but BPE splits {split!r} and {pair} is no merge"
-            )
-        ranked = made
-    tokens = list(alphabet.values()) + ranked
+    whole = whole_tokens(tokenizer)
+    if tokenizer.ignore_merges:
+        ordinary = set(tokenizer.vocab) - set(tokenizer.special_tokens) - set(alphabet.values())
+        if not_whole := sorted(ordinary - set(whole)):
+            raise NotExact(f"with ignore_merges every token must be whole, but BPE splits {not_whole[0]!r}")
+        if (word := _special_word(tokenizer)) is not None:
+            raise NotExact(f"with ignore_merges the special token {word!r} is also a word, which BPE takes whole")
+    tokens = list(alphabet.values()) + whole
     ranks = {bytes(byte_of[char] for char in token): rank for rank, token in enumerate(tokens)}
     return ranks, np.array([tokenizer.vocab[token] for token in tokens], np.int64)
 

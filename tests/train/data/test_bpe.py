@@ -2,6 +2,8 @@
 text (the references are trained in conftest.py), and its own rules: special tokens only when allowed, exact round
 trips, errors that name the offset."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -111,6 +113,19 @@ def test_merge_word_by_rank_by_hand():
     assert merge_word(list("lower"), ranks) == ["low", "er"]
     assert merge_word(list("aaa"), ranks) == ["aa", "a"]  # left to right, no overlap
     assert merge_word(["x"], ranks) == ["x"] and merge_word([], ranks) == []
+
+
+def test_merges_listed_out_of_order_encode_as_hugging_face_does():
+    """("aa", "a") listed before ("a", "a"), as a conversion may list them: the leftmost lowest pair, one at a
+    time, as Hugging Face merges. "aaaa" is `aaa a`; merging every (a, a) at once, GPT-2's encoder.py way,
+    would give `aa aa`."""
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {char: i for i, char in enumerate(bytes_to_unicode().values())} | {"aa": 256, "aaa": 257}
+    tokenizer = BPETokenizer(vocab, (("aa", "a"), ("a", "a")))
+    reference = tokenizers.Tokenizer.from_str(json.dumps(tokenizer.to_json()))
+    assert merge_word(list("aaaa"), tokenizer._ranks) == ["aaa", "a"]
+    for text in ["aaaa", "aaaaa", "aaaaaaa baaaab aa"]:
+        assert tokenizer.encode(text).tolist() == reference_ids(reference, text, specials=False), text
 
 
 def test_unknown_characters_without_fallback():
