@@ -114,7 +114,7 @@ class BPETokenizer:
                 raise ValueError(f"merge {rank} ({left!r}, {right!r}) uses {missing[0]!r}, not in the vocabulary")
         if self.unk_token is not None and self.unk_token not in self.vocab:
             raise ValueError(f"unk_token {self.unk_token!r} is not in the vocabulary")
-        ranks = {pair: rank for rank, pair in reversed(list(enumerate(self.merges)))}  # a repeated merge: its first
+        ranks = {pair: rank for rank, pair in enumerate(self.merges)}  # a repeated merge: its last, as GPT-2 and HF
         object.__setattr__(self, "_ranks", ranks)
         object.__setattr__(self, "_id_bytes", self._bytes_of_ids())
         object.__setattr__(self, "_cache", {})

@@ -1,11 +1,11 @@
 """Who encodes a corpus's pieces: tiktoken or Hugging Face `tokenizers` when they give `BPETokenizer.encode`'s
 ids, else the readable encoder.
 
-Both are optional extras (`pip install tiktoken` or `tokenizers`), never run-time dependencies, and both are
-given the texts of one piece at once, so they run on every core. "auto", the default, takes tiktoken when it
-is installed and its rule is proven to give this BPE's ids (`bpe_tiktoken.py`: every tokenizer `train_bpe`
-makes, and most others); Hugging Face's BPE follows BPE's own rule but ran at a third of tiktoken's speed here
-(docs/benchmarks.md, "Encoding a corpus"), so it runs when asked.
+Both are optional extras (`pip install tiktoken` or `tokenizers`), never run-time dependencies, and both are given
+the texts of one piece at once, so they run on every core. "auto", the default, takes tiktoken when it is installed
+and its rule is proven to give this BPE's ids (`bpe_tiktoken.py`: one merge per token, in rising order, as in
+GPT-2's files and the BPEs `train_bpe` made in the tests and benchmarks); Hugging Face's BPE follows BPE's own rule
+but ran at a third to a half of tiktoken's speed here (docs/benchmarks.md, "Encoding a corpus"), so it runs when asked.
 """
 
 import importlib.util

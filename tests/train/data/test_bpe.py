@@ -118,7 +118,7 @@ def test_merge_word_by_rank_by_hand():
 def test_merges_listed_out_of_order_encode_as_hugging_face_does():
     """("aa", "a") listed before ("a", "a"), as a conversion may list them: the leftmost lowest pair, one at a
     time, as Hugging Face merges. "aaaa" is `aaa a`; merging every (a, a) at once, GPT-2's encoder.py way,
-    would give `aa aa`."""
+    would give `aa aa`. A merge listed twice ranks where it is listed last."""
     tokenizers = pytest.importorskip("tokenizers")
     vocab = {char: i for i, char in enumerate(bytes_to_unicode().values())} | {"aa": 256, "aaa": 257}
     tokenizer = BPETokenizer(vocab, (("aa", "a"), ("a", "a")))
@@ -126,6 +126,9 @@ def test_merges_listed_out_of_order_encode_as_hugging_face_does():
     assert merge_word(list("aaaa"), tokenizer._ranks) == ["aaa", "a"]
     for text in ["aaaa", "aaaaa", "aaaaaaa baaaab aa"]:
         assert tokenizer.encode(text).tolist() == reference_ids(reference, text, specials=False), text
+    repeated = BPETokenizer(vocab | {"ab": 258, "bc": 259}, (("a", "b"), ("b", "c"), ("a", "b")))  # its last rank
+    reference = tokenizers.Tokenizer.from_str(json.dumps(repeated.to_json()))
+    assert repeated.encode("abc").tolist() == reference_ids(reference, "abc", specials=False) == [64, 259]
 
 
 def test_unknown_characters_without_fallback():
