@@ -23,8 +23,8 @@ from train.data.prepare import prepare
 from train.data.tokenizers import load_tokenizer
 
 
-def main(argv: list[str] | None = None) -> dict:
-    """Run the command line; returns the written meta.json contents. Errors exit with status 2."""
+def make_parser() -> argparse.ArgumentParser:
+    """The command line's settings, each with its help."""
     parser = argparse.ArgumentParser(
         prog="python -m train.data", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -58,6 +58,12 @@ def main(argv: list[str] | None = None) -> dict:
         "else readable), tiktoken, tokenizers (Hugging Face's), or readable (the reference, over --workers "
         "processes); the ids are the same",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the command line; returns the written meta.json contents. Errors exit with status 2."""
+    parser = make_parser()
     args = parser.parse_args(argv)
 
     if args.tokenizer not in ("char", "byte", "bpe") and not Path(args.tokenizer).is_file():
