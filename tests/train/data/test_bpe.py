@@ -115,6 +115,25 @@ def test_merge_word_by_rank_by_hand():
     assert merge_word(["x"], ranks) == ["x"] and merge_word([], ranks) == []
 
 
+def test_a_vocabulary_converted_from_tiktoken_encodes_as_hugging_face_does(hf_llama3):
+    """The Llama 3 style reference rewritten as Hugging Face's TikTokenConverter writes a tiktoken vocabulary:
+    every split of a token into two tokens a merge, in the order of the tokens' ids, so a token has several
+    merges and some use tokens of later ids. The same ids as Hugging Face on the hostile texts."""
+    tokenizers = pytest.importorskip("tokenizers")
+    data = json.loads(json.dumps(hf_llama3[1]))
+    vocab = data["model"]["vocab"]
+    data["model"]["merges"] = [
+        [token[:cut], token[cut:]]
+        for token in sorted(vocab, key=vocab.get)
+        for cut in range(1, len(token))
+        if token[:cut] in vocab and token[cut:] in vocab
+    ]
+    ours, reference = BPETokenizer.from_json(data), tokenizers.Tokenizer.from_str(json.dumps(data))
+    assert len(ours.merges) > len(hf_llama3[1]["model"]["merges"])
+    for text in [*HOSTILE, "\n".join(HOSTILE), "aaaa bbbbbb cccccccc " * 3]:
+        assert ours.encode(text).tolist() == reference_ids(reference, text, specials=False), repr(text)
+
+
 def test_merges_listed_out_of_order_encode_as_hugging_face_does():
     """("aa", "a") listed before ("a", "a"), as a conversion may list them: the leftmost lowest pair, one at a
     time, as Hugging Face merges. "aaaa" is `aaa a`; merging every (a, a) at once, GPT-2's encoder.py way,
