@@ -39,8 +39,9 @@ from train.data.corpus import read_source, stdlib_corpus
 
 
 def tiktoken_encoding(tokenizer: BPETokenizer):
-    """tiktoken's `Encoding` of a GPT-2-style `tokenizer`: each token's bytes ranked by its id (the merges were
-    learned in id order, so lower ranks merge first, as tiktoken merges); None without tiktoken."""
+    """tiktoken's `Encoding` of a GPT-2-style `tokenizer` as a user would set it up: each token's bytes ranked by
+    its id, every token included, so its ids are not promised equal to BPE's (train/data/bpe_tiktoken.py says
+    when they are); None without tiktoken."""
     try:
         import tiktoken
     except ImportError:

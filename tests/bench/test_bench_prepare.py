@@ -1,6 +1,6 @@
 """bench/prepare.py: the corpus is built to the size asked, and every contender (train.data's command line with a
-given tokenizer.json, by Hugging Face tokenizers and by the readable encoder, and nanoGPT's way with tiktoken when
-the bench extra is installed) writes the same ids."""
+given tokenizer.json, by tiktoken and by the readable encoder, and nanoGPT's way with tiktoken, when the bench
+extra is installed) writes the same ids."""
 
 import importlib.util
 import sys

@@ -82,8 +82,9 @@ def main(argv: list[str] | None = None) -> dict:
         given = None if args.tokenizer in ("char", "byte", "bpe") else load_tokenizer(args.tokenizer)
         out_dir = args.out_dir or default_dir("data", name, given.kind if given else args.tokenizer)
         tokenizer = given or args.tokenizer
-        settings = {"workers": args.workers, "progress": True, "encoder": args.encoder}
-        meta = prepare(source, out_dir, tokenizer, args.vocab_size, **settings)
+        meta = prepare(
+            source, out_dir, tokenizer, args.vocab_size, workers=args.workers, progress=True, encoder=args.encoder
+        )
     except (OSError, ValueError, ImportError) as e:
         parser.exit(2, f"python -m train.data: error: {e}\n")
     print(f"{meta['source']}: {meta['text_chars']:,} characters")
